@@ -1,0 +1,100 @@
+# The project's entry points. `make demo` and `make test` install what they
+# need (Debian packages when missing, a virtual environment in .venv/) and are
+# safe to run twice.
+SHELL := /bin/bash
+.ONESHELL:
+.SHELLFLAGS := -eu -o pipefail -c
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+BIN := $(abspath $(VENV)/bin)
+export PATH := $(BIN):$(PATH)
+export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+APT_PACKAGES := g++ make python3-venv libgtest-dev nlohmann-json3-dev clang clang-format
+CORE_SOURCES := $(shell find include src bindings python -type f \( -name '*.h' -o -name '*.cc' -o -name '*.py' -o -name '*.pyi' \) 2>/dev/null) CMakeLists.txt pyproject.toml
+
+.PHONY: all setup deps demo test test-cpp test-sanitize test-python test-fuzz fuzz bench format lint clean
+
+all: test
+
+# Debian packages: only the missing ones are installed.
+deps:
+	missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done)
+	if [ -n "$$missing" ]; then
+	  echo "installing Debian packages: $$missing"
+	  $(SUDO) apt-get update -qq
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null
+	fi
+
+$(VENV)/.requirements: requirements-dev.txt | deps
+	[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements-dev.txt
+	touch $@
+
+# The package, built by scikit-build-core into build/<wheel tag> (incremental).
+$(VENV)/.installed: $(VENV)/.requirements $(CORE_SOURCES)
+	$(PY) -m pip install -q --no-build-isolation --no-deps .
+	touch $@
+
+setup: $(VENV)/.installed
+
+demo: setup
+	$(BIN)/leanloader demo
+
+test: test-cpp test-sanitize test-fuzz test-python
+
+build/cpp/build.ninja: | $(VENV)/.requirements
+	cmake -S . -B build/cpp -G Ninja -DCMAKE_BUILD_TYPE=Release -DLEANLOADER_BUILD_TESTS=ON
+
+test-cpp: build/cpp/build.ninja
+	cmake --build build/cpp
+	ctest --test-dir build/cpp --output-on-failure -j2 --timeout 300
+
+build/asan/build.ninja: | $(VENV)/.requirements
+	cmake -S . -B build/asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DLEANLOADER_BUILD_TESTS=ON -DLEANLOADER_SANITIZE=ON
+
+# The same C++ tests under AddressSanitizer + UndefinedBehaviorSanitizer.
+test-sanitize: build/asan/build.ninja
+	cmake --build build/asan
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	  ctest --test-dir build/asan --output-on-failure -j2 --timeout 600
+
+build/fuzz/build.ninja: | $(VENV)/.requirements
+	CXX=clang++ cmake -S . -B build/fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLEANLOADER_BUILD_FUZZ=ON
+
+FUZZ_SECONDS ?= 15
+# Every fuzz target runs briefly over its seed corpus (longer: make fuzz).
+test-fuzz: build/fuzz/build.ninja
+	cmake --build build/fuzz
+	for target in $$(find build/fuzz -maxdepth 1 -type f -name '*_fuzz' -executable); do
+	  name=$$(basename $$target)
+	  mkdir -p build/fuzz/corpus-$$name fuzz/artifacts
+	  $$target -max_total_time=$(FUZZ_SECONDS) -artifact_prefix=fuzz/artifacts/ \
+	    build/fuzz/corpus-$$name fuzz/corpus/$${name%_fuzz} 2>&1 | tail -n 2
+	done
+
+fuzz:
+	$(MAKE) test-fuzz FUZZ_SECONDS=600
+
+test-python: setup
+	$(PY) -m pytest -q tests/python
+
+bench: setup
+	$(BIN)/leanloader bench arrays
+
+format: | $(VENV)/.requirements
+	clang-format -i $$(find include src bindings tests/cpp fuzz -name '*.h' -o -name '*.cc')
+	$(BIN)/ruff format python tests/python benchmarks examples
+	$(BIN)/ruff check --fix python tests/python benchmarks examples
+
+lint: | $(VENV)/.requirements
+	clang-format --dry-run --Werror $$(find include src bindings tests/cpp fuzz -name '*.h' -o -name '*.cc')
+	$(BIN)/ruff format --check python tests/python benchmarks examples
+	$(BIN)/ruff check python tests/python benchmarks examples
+
+clean:
+	rm -rf build $(VENV)

@@ -1,0 +1,153 @@
+// Loader and its epoch iterator. The consumer waits with the GIL released,
+// in short slices so that Ctrl-C (KeyboardInterrupt) is seen promptly.
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/unique_ptr.h>
+#include <nanobind/stl/vector.h>
+
+#include <chrono>
+
+#include "bindings.h"
+#include "leanloader/loader.h"
+
+namespace nb = nanobind;
+
+namespace leanloader::bindings {
+
+namespace {
+
+// How often a waiting consumer checks for signals.
+constexpr std::chrono::milliseconds kSignalCheckInterval(50);
+
+OnError parse_on_error(const std::string& text) {
+  if (text == "raise") return OnError::kRaise;
+  if (text == "skip") return OnError::kSkip;
+  throw InvalidArgument("on_error must be 'raise' or 'skip', got '" + text + "'");
+}
+
+Collate parse_collate(const std::string& text) {
+  if (text == "stack") return Collate::kStack;
+  if (text == "list") return Collate::kList;
+  throw InvalidArgument("collate must be 'stack' or 'list', got '" + text + "'");
+}
+
+nb::dict batch_to_dict(const Source& source, Batch& batch, OutputFramework framework) {
+  nb::dict out;
+  const auto& fields = source.fields();
+  for (size_t f = 0; f < fields.size(); ++f) {
+    if (!batch.stacked.empty()) {
+      out[fields[f].name.c_str()] = tensor_to_python(batch.stacked[f], framework);
+    } else {
+      nb::list items;
+      for (const Tensor& tensor : batch.listed[f]) items.append(tensor_to_python(tensor, framework));
+      out[fields[f].name.c_str()] = items;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+void bind_loader(nb::module_& m) {
+  nb::class_<EpochIterator>(m, "EpochIterator", "One pass over an epoch; dropping it cancels it.")
+      .def(
+          "next_batch",
+          [](EpochIterator& self, const Source& source, const std::string& output) -> nb::object {
+            const OutputFramework framework = parse_output_framework(output);
+            Batch batch;
+            while (true) {
+              EpochIterator::Status status;
+              {
+                nb::gil_scoped_release release;
+                status = self.next(batch, kSignalCheckInterval);
+              }
+              if (status == EpochIterator::Status::kBatch) break;
+              if (status == EpochIterator::Status::kEnd) return nb::none();
+              if (PyErr_CheckSignals() != 0) throw nb::python_error();
+            }
+            for (const std::string& warning : batch.warnings) {
+              if (PyErr_WarnEx(PyExc_RuntimeWarning, warning.c_str(), 2) != 0) {
+                throw nb::python_error();
+              }
+            }
+            nb::dict out = batch_to_dict(source, batch, framework);
+            return nb::make_tuple(out, nb::cast(batch.indices));
+          },
+          nb::arg("source"), nb::arg("output"),
+          "The next (batch dict, sample indices) in order, or None at the end.")
+      .def_prop_ro("epoch", &EpochIterator::epoch)
+      .def("skipped",
+           [](const EpochIterator& self) {
+             nb::list out;
+             for (const SkippedSample& s : self.skipped()) {
+               out.append(nb::make_tuple(s.sample_index, s.message));
+             }
+             return out;
+           })
+      .def_prop_ro("skipped_count", &EpochIterator::skipped_count)
+      .def("cancel", &EpochIterator::cancel);
+
+  nb::class_<Loader>(m, "Loader")
+      .def(
+          "__init__",
+          [](Loader* self, std::shared_ptr<Source> source, int64_t batch_size, bool shuffle,
+             uint64_t seed, int num_threads, int prefetch, std::optional<size_t> memory_budget,
+             bool drop_last, const std::string& on_error, double max_skip_fraction,
+             const std::string& collate) {
+            LoaderOptions options;
+            options.batch_size = batch_size;
+            options.shuffle = shuffle;
+            options.seed = seed;
+            options.num_threads = num_threads;
+            options.prefetch = prefetch;
+            options.memory_budget = memory_budget;
+            options.drop_last = drop_last;
+            options.on_error = parse_on_error(on_error);
+            options.max_skip_fraction = max_skip_fraction;
+            options.collate = parse_collate(collate);
+            new (self) Loader(std::move(source), options);
+          },
+          nb::arg("source"), nb::arg("batch_size"), nb::arg("shuffle"), nb::arg("seed"),
+          nb::arg("num_threads"), nb::arg("prefetch"), nb::arg("memory_budget").none(),
+          nb::arg("drop_last"), nb::arg("on_error"), nb::arg("max_skip_fraction"),
+          nb::arg("collate"))
+      .def("__len__", &Loader::num_batches)
+      .def("set_epoch", &Loader::set_epoch, nb::arg("epoch"))
+      .def_prop_ro("epoch", &Loader::epoch)
+      .def("memory_bill", &Loader::memory_bill)
+      .def_prop_ro("slot_bytes", &Loader::slot_bytes)
+      .def_prop_ro("num_slots", &Loader::num_slots)
+      .def_prop_ro("prefetch", &Loader::effective_prefetch)
+      .def("iterate", &Loader::iterate, nb::call_guard<nb::gil_scoped_release>())
+      .def("close", &Loader::close, nb::call_guard<nb::gil_scoped_release>())
+      .def("stats", [](const Loader& self) {
+        const LoaderStats s = self.stats();
+        nb::dict out;
+        out["read_s"] = static_cast<double>(s.read_ns) * 1e-9;
+        out["transform_s"] = static_cast<double>(s.transform_ns) * 1e-9;
+        out["collate_s"] = static_cast<double>(s.collate_ns) * 1e-9;
+        out["consumer_wait_s"] = static_cast<double>(s.consumer_wait_ns) * 1e-9;
+        out["samples_read"] = s.samples_read;
+        out["samples_skipped"] = s.samples_skipped;
+        out["batches_delivered"] = s.batches_delivered;
+        out["slots_total"] = s.slots_total;
+        out["slots_in_use"] = s.slots_in_use;
+        out["overflow_slots_in_use"] = s.overflow_slots_in_use;
+        out["overflow_slots_total"] = s.overflow_slots_total;
+        out["heap_fallback_bytes"] = s.heap_fallback_bytes;
+        out["batches_in_flight"] = s.batches_in_flight;
+        out["bytes_in_flight"] = s.bytes_in_flight;
+        out["slot_bytes"] = s.slot_bytes;
+        out["planned_bytes"] = s.planned_bytes;
+        out["resident_bytes"] = s.resident_bytes;
+        out["num_threads"] = s.num_threads;
+        out["prefetch"] = s.prefetch;
+        return out;
+      });
+
+  m.def("parse_byte_size", &parse_byte_size, nb::arg("text"),
+        "Bytes in '4GiB', '512MB', '1.5 GB' or '1024'.");
+}
+
+}  // namespace leanloader::bindings

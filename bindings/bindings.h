@@ -1,0 +1,38 @@
+// Declarations shared by the binding files: one bind_<area> per file, all
+// called from module.cc. Bindings are glue only; logic lives in src/.
+#pragma once
+
+#include <nanobind/nanobind.h>
+
+#include <string>
+
+#include "leanloader/error.h"
+#include "leanloader/tensor.h"
+
+namespace leanloader::bindings {
+
+void bind_errors(nanobind::module_& m);
+void bind_tensor(nanobind::module_& m);
+void bind_sources(nanobind::module_& m);
+void bind_loader(nanobind::module_& m);
+void bind_memory(nanobind::module_& m);
+void bind_planner(nanobind::module_& m);
+void bind_safetensors(nanobind::module_& m);
+void bind_bandwidth(nanobind::module_& m);
+
+// Which array type Python receives. Both are zero-copy views through DLPack.
+enum class OutputFramework { kNumpy, kTorch, kDLPack };
+
+OutputFramework parse_output_framework(const std::string& name);
+
+// Wraps a Tensor for Python without copying. The returned object keeps the
+// Tensor's Storage alive until Python drops it (a pool slot then returns to
+// its pool). Raises TypeError for a dtype the framework cannot represent
+// (NumPy has no bfloat16 or float8).
+nanobind::object tensor_to_python(const Tensor& tensor, OutputFramework framework);
+
+// Raises the Python exception that corresponds to a leanloader::Error
+// (used by the exception translator and by code that stores errors).
+[[noreturn]] void raise_python_error(const Error& error);
+
+}  // namespace leanloader::bindings

@@ -1,0 +1,17 @@
+// The extension module leanloader._core: only the NB_MODULE entry point.
+#include <nanobind/nanobind.h>
+
+#include "bindings.h"
+
+NB_MODULE(_core, m) {
+  using namespace leanloader::bindings;
+  m.doc() = "leanloader's native core (C++20). Use the `leanloader` package, not this module.";
+  bind_errors(m);
+  bind_tensor(m);
+  bind_sources(m);
+  bind_loader(m);
+  bind_memory(m);
+  bind_planner(m);
+  bind_safetensors(m);
+  bind_bandwidth(m);
+}

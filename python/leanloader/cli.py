@@ -1,0 +1,42 @@
+"""The `leanloader` command line: one module per subcommand in leanloader.commands."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Each module leanloader.commands.<name> defines `add_parser(subparsers)`,
+# which registers the subcommand and sets `func(args) -> int` as its default.
+COMMANDS = ("demo", "bench", "estimate", "mem", "cache")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="leanloader",
+        description="leanloader: data loading with native threads and a known memory bill.",
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"leanloader.commands.{name}")
+        except ModuleNotFoundError as error:
+            if error.name != f"leanloader.commands.{name}":
+                raise
+            continue  # a subcommand that is not part of this build
+        module.add_parser(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Subcommands of the `leanloader` CLI, one module each (see leanloader.cli)."""

@@ -1,0 +1,148 @@
+"""ll.Loader: batches from a Source, assembled by native threads into planned slots."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+from leanloader import _core
+from leanloader.sources import as_source
+
+
+def _default_output() -> str:
+    return "torch" if importlib.util.find_spec("torch") is not None else "numpy"
+
+
+def _default_threads() -> int:
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(8, cores))
+
+
+def _budget_bytes(memory_budget: int | str | None) -> int | None:
+    if memory_budget is None:
+        return None
+    if isinstance(memory_budget, bool):
+        raise TypeError("memory_budget must be a byte count or a size string like '2GiB'")
+    if isinstance(memory_budget, int):
+        if memory_budget <= 0:
+            raise ValueError(f"memory_budget must be positive, got {memory_budget}")
+        return memory_budget
+    return _core.parse_byte_size(str(memory_budget))
+
+
+class Loader:
+    """Iterates batches of ``source``: a dict ``name -> tensor`` per batch.
+
+    Batches are assembled by ``num_threads`` native threads straight into a
+    fixed set of batch slots (``memory_bill()`` bytes, planned before the first
+    batch) and handed over without a copy: each tensor views its slot, and the
+    slot is reused once every tensor of the batch is gone.
+
+    The order is a function of ``(seed, epoch)`` only, never of the thread
+    count. Each ``iter(loader)`` runs the current epoch and then advances it;
+    ``set_epoch(e)`` picks the epoch of the next iteration (as
+    ``DistributedSampler.set_epoch``).
+
+    ``output``: ``"torch"`` (default when torch is installed) or ``"numpy"``.
+    ``collate``: ``"stack"`` (one tensor per field) or ``"list"`` (one tensor per
+    sample, for samples of different shapes). ``on_error``: ``"raise"`` or
+    ``"skip"`` (bad samples are dropped and reported at the end of the epoch;
+    more than ``max_skip_fraction`` of the epoch raises).
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        batch_size: int = 1,
+        shuffle: bool = False,
+        seed: int = 0,
+        num_threads: int | None = None,
+        prefetch: int = 2,
+        memory_budget: int | str | None = None,
+        drop_last: bool = False,
+        output: str | None = None,
+        on_error: str = "raise",
+        max_skip_fraction: float = 0.05,
+        collate: str = "stack",
+    ) -> None:
+        self.source = as_source(source)
+        self.output = output or _default_output()
+        if self.output not in ("torch", "numpy"):
+            raise ValueError(f"output must be 'torch' or 'numpy', got {self.output!r}")
+        if self.output == "torch":
+            import torch  # noqa: F401  (fail here, clearly, when torch is missing)
+        self.batch_size = batch_size
+        self._core = _core.Loader(
+            self.source,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            seed=seed,
+            num_threads=num_threads if num_threads is not None else _default_threads(),
+            prefetch=prefetch,
+            memory_budget=_budget_bytes(memory_budget),
+            drop_last=drop_last,
+            on_error=on_error,
+            max_skip_fraction=max_skip_fraction,
+            collate=collate,
+        )
+        self.last_indices: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self._core)
+
+    def set_epoch(self, epoch: int) -> None:
+        self._core.set_epoch(epoch)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration will run."""
+        return self._core.epoch
+
+    def memory_bill(self) -> int:
+        """Planned bytes of batch memory (slots × slot bytes), known before any batch."""
+        return self._core.memory_bill()
+
+    def stats(self) -> dict[str, Any]:
+        """Time per stage (seconds), slots in use, bytes in flight, samples skipped."""
+        return self._core.stats()
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        iterator = self._core.iterate()
+        try:
+            while True:
+                item = iterator.next_batch(self.source, self.output)
+                if item is None:
+                    break
+                batch, self.last_indices = item
+                yield batch
+            skipped = iterator.skipped_count
+            if skipped:
+                details = "\n".join(f"  {message}" for _, message in iterator.skipped()[:10])
+                warnings.warn(
+                    f"epoch {iterator.epoch}: skipped {skipped} bad sample(s):\n{details}",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+        finally:
+            iterator.cancel()
+
+    def close(self) -> None:
+        """Stops the worker threads; the loader cannot iterate afterwards."""
+        self._core.close()
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        core = getattr(self, "_core", None)
+        if core is not None:
+            core.close()

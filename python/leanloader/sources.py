@@ -1,0 +1,72 @@
+"""Sources: where samples come from. Thin constructors over the C++ sources."""
+
+from __future__ import annotations
+
+import glob as _glob
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from leanloader import _core
+
+Source = _core.Source
+
+
+def ArraySource(arrays: Mapping[str, Any]) -> _core.ArraySource:  # noqa: N802 (mirrors the C++ class)
+    """Samples are rows of in-memory arrays: row ``i`` of every array is sample ``i``.
+
+    The arrays (NumPy arrays or CPU tensors) are viewed, never copied; they
+    stay alive as long as the source does.
+    """
+    if not isinstance(arrays, Mapping) or not arrays:
+        raise ValueError("ArraySource takes a non-empty dict of name -> array")
+    return _core.ArraySource(list(arrays.items()))
+
+
+def NpySource(  # noqa: N802
+    path: str | os.PathLike | Mapping[str, str | os.PathLike], name: str | None = None
+) -> _core.NpySource:
+    """Samples from ``.npy`` files.
+
+    - ``NpySource("x.npy")``: one memory-mapped array; rows are samples; the
+      field is named after the file's stem (or ``name``).
+    - ``NpySource({"x": "x.npy", "y": "y.npy"})``: one field per file, same row count.
+    - ``NpySource("dir/")``: one ``.npy`` per sample (sorted by name), one field
+      named after the directory (or ``name``).
+    """
+    if isinstance(path, Mapping):
+        if name is not None:
+            raise ValueError("name= applies to a single path, not a dict of fields")
+        return _core.NpySource.from_arrays([(k, os.fspath(v)) for k, v in path.items()])
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        field = name or os.path.basename(os.path.normpath(path)) or "data"
+        return _core.NpySource.from_directory(field, path)
+    field = name or os.path.splitext(os.path.basename(path))[0]
+    return _core.NpySource.from_arrays([(field, path)])
+
+
+def FileSource(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> _core.FileSource:  # noqa: N802
+    """Each sample is the raw bytes of one file, in field ``data`` (uint8, varying length).
+
+    ``paths`` is a glob pattern (``**`` recurses; matches are sorted) or a
+    sequence of paths in sample order. Batch it with ``collate="list"``.
+    """
+    if isinstance(paths, (str, os.PathLike)):
+        pattern = os.fspath(paths)
+        matches = sorted(p for p in _glob.glob(pattern, recursive=True) if os.path.isfile(p))
+        if not matches:
+            raise FileNotFoundError(f"no files match {pattern!r}")
+        return _core.FileSource(matches)
+    return _core.FileSource([os.fspath(p) for p in paths])
+
+
+def as_source(source: Any) -> _core.Source:
+    """Accepts a Source, or a dict of arrays (made into an ArraySource)."""
+    if isinstance(source, _core.Source):
+        return source
+    if isinstance(source, Mapping):
+        return ArraySource(source)
+    raise TypeError(
+        f"expected a leanloader Source or a dict of arrays, got {type(source).__name__}"
+    )

@@ -1,0 +1,184 @@
+#include "leanloader/loader.h"
+
+#include <cctype>
+#include <cmath>
+
+#include "detail/epoch_run.h"
+#include "leanloader/error.h"
+
+namespace leanloader {
+
+namespace {
+
+size_t round_up(size_t value, size_t multiple) { return (value + multiple - 1) / multiple * multiple; }
+
+// collate=list slots hold variable-sized samples; size them for twice the
+// typical batch so that ordinary variation fits, and round to whole pages.
+constexpr size_t kListSlotHeadroom = 2;
+constexpr size_t kPageBytes = 4096;
+
+}  // namespace
+
+Loader::Loader(std::shared_ptr<const Source> source, LoaderOptions options)
+    : source_(std::move(source)),
+      options_(options),
+      sampler_(source_ ? static_cast<uint64_t>(source_->size()) : 0, options.shuffle, options.seed),
+      counters_(std::make_shared<detail::LoaderCounters>()) {
+  if (source_ == nullptr) throw InvalidArgument("Loader needs a source");
+  if (options_.batch_size < 1) {
+    throw InvalidArgument("batch_size must be at least 1, got " + std::to_string(options_.batch_size));
+  }
+  if (options_.prefetch < 1) {
+    throw InvalidArgument("prefetch must be at least 1, got " + std::to_string(options_.prefetch));
+  }
+  if (!(options_.max_skip_fraction >= 0.0 && options_.max_skip_fraction <= 1.0)) {
+    throw InvalidArgument("max_skip_fraction must lie in [0, 1], got " +
+                          std::to_string(options_.max_skip_fraction));
+  }
+  const auto& fields = source_->fields();
+  const auto batch = static_cast<size_t>(options_.batch_size);
+  if (options_.collate == Collate::kStack) {
+    for (const FieldSpec& field : fields) {
+      if (!field.shape.has_value()) {
+        throw InvalidArgument(source_->describe() + ": field '" + field.name +
+                              "' has a different shape per sample and cannot be stacked; pass "
+                              "collate='list'");
+      }
+      const size_t row = shape_numel(*field.shape) * dtype_size(field.dtype);
+      field_offsets_.push_back(slot_bytes_);
+      row_bytes_.push_back(row);
+      slot_bytes_ += round_up(row * batch, kBufferAlignment);
+    }
+  } else {
+    slot_bytes_ = kListSlotHeadroom * batch *
+                  (source_->estimated_sample_bytes() + fields.size() * kBufferAlignment);
+  }
+  slot_bytes_ = round_up(std::max<size_t>(slot_bytes_, 1), kPageBytes);
+
+  // Slots: `prefetch` batches being prepared, one held by the consumer while
+  // it asks for the next, and one spare so that workers need not wait for
+  // the consumer to drop its batch.
+  num_slots_ = static_cast<size_t>(options_.prefetch) + 2;
+  if (options_.memory_budget.has_value()) {
+    const size_t affordable = *options_.memory_budget / slot_bytes_;
+    if (affordable < 2) {
+      throw InvalidArgument("memory_budget of " + std::to_string(*options_.memory_budget) +
+                            " bytes is below two batch slots of " + std::to_string(slot_bytes_) +
+                            " bytes each (batch_size " + std::to_string(options_.batch_size) +
+                            "); raise memory_budget or lower batch_size");
+    }
+    num_slots_ = std::min(num_slots_, affordable);
+  }
+  prefetch_ = static_cast<int>(std::min<size_t>(static_cast<size_t>(options_.prefetch),
+                                                std::max<size_t>(1, num_slots_ - 1)));
+  pool_ = BatchPool::create(slot_bytes_, num_slots_);
+  executor_ = std::make_unique<Executor>(options_.num_threads);
+}
+
+Loader::~Loader() { close(); }
+
+int64_t Loader::num_batches() const noexcept {
+  const int64_t size = source_->size();
+  return options_.drop_last ? size / options_.batch_size
+                            : (size + options_.batch_size - 1) / options_.batch_size;
+}
+
+std::unique_ptr<EpochIterator> Loader::iterate() {
+  if (closed_) throw Error("the Loader is closed");
+  detail::RunPlan plan{source_,       pool_,       counters_, options_,     sampler_, epoch_,
+                       num_batches(), 0,           prefetch_, field_offsets_, row_bytes_};
+  plan.num_positions = std::min(source_->size(), plan.num_batches * options_.batch_size);
+  auto run = std::make_shared<detail::EpochRun>(std::move(plan));
+  current_run_ = run;
+  executor_->run(run);
+  ++epoch_;
+  return std::make_unique<EpochIterator>(std::move(run));
+}
+
+LoaderStats Loader::stats() const {
+  LoaderStats stats;
+  stats.read_ns = counters_->read_ns;
+  stats.transform_ns = counters_->transform_ns;
+  stats.collate_ns = counters_->collate_ns;
+  stats.consumer_wait_ns = counters_->consumer_wait_ns;
+  stats.samples_read = counters_->samples_read;
+  stats.samples_skipped = counters_->samples_skipped;
+  stats.batches_delivered = counters_->batches_delivered;
+  stats.heap_fallback_bytes = counters_->heap_fallback_bytes;
+  stats.overflow_slots_total = pool_->overflow_total();
+  stats.slots_total = num_slots_;
+  stats.slots_in_use = pool_->slots_in_use();
+  stats.overflow_slots_in_use = pool_->overflow_in_use();
+  stats.batches_in_flight = counters_->batches_in_flight;
+  stats.bytes_in_flight = stats.batches_in_flight * slot_bytes_;
+  stats.slot_bytes = slot_bytes_;
+  stats.planned_bytes = memory_bill();
+  stats.resident_bytes = pool_->resident_bytes();
+  stats.num_threads = options_.num_threads;
+  stats.prefetch = prefetch_;
+  return stats;
+}
+
+bool Loader::close() {
+  if (closed_) return true;
+  closed_ = true;
+  if (auto run = current_run_.lock()) run->cancel();
+  return executor_->shutdown();
+}
+
+EpochIterator::~EpochIterator() { cancel(); }
+
+EpochIterator::Status EpochIterator::next(Batch& out, std::chrono::milliseconds timeout) {
+  return run_->next(out, timeout);
+}
+
+uint64_t EpochIterator::epoch() const { return run_->epoch(); }
+
+std::vector<SkippedSample> EpochIterator::skipped() const { return run_->skipped(); }
+
+uint64_t EpochIterator::skipped_count() const { return run_->skipped_count(); }
+
+void EpochIterator::cancel() { run_->cancel(); }
+
+size_t parse_byte_size(const std::string& text) {
+  size_t pos = 0;
+  while (pos < text.size() && std::isspace(static_cast<unsigned char>(text[pos]))) ++pos;
+  const size_t number_start = pos;
+  while (pos < text.size() &&
+         (std::isdigit(static_cast<unsigned char>(text[pos])) || text[pos] == '.')) {
+    ++pos;
+  }
+  if (pos == number_start) throw InvalidArgument("not a byte size: '" + text + "'");
+  double value = 0;
+  try {
+    value = std::stod(text.substr(number_start, pos - number_start));
+  } catch (const std::exception&) {
+    throw InvalidArgument("not a byte size: '" + text + "'");
+  }
+  while (pos < text.size() && std::isspace(static_cast<unsigned char>(text[pos]))) ++pos;
+  std::string unit;
+  for (; pos < text.size(); ++pos) unit += static_cast<char>(std::tolower(text[pos]));
+  struct Unit {
+    const char* name;
+    double factor;
+  };
+  static constexpr Unit kUnits[] = {
+      {"", 1},          {"b", 1},          {"k", 1e3},        {"kb", 1e3},
+      {"m", 1e6},       {"mb", 1e6},       {"g", 1e9},        {"gb", 1e9},
+      {"t", 1e12},      {"tb", 1e12},      {"kib", 1024.0},   {"mib", 1048576.0},
+      {"gib", 1073741824.0}, {"tib", 1099511627776.0},
+  };
+  for (const Unit& candidate : kUnits) {
+    if (unit == candidate.name) {
+      const double bytes = value * candidate.factor;
+      if (!std::isfinite(bytes) || bytes >= 1.8e19) {
+        throw InvalidArgument("byte size out of range: '" + text + "'");
+      }
+      return static_cast<size_t>(bytes);
+    }
+  }
+  throw InvalidArgument("unknown unit in byte size '" + text +
+                        "' (use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB)");
+}
+
+}  // namespace leanloader
