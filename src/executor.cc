@@ -69,6 +69,13 @@ void Executor::run(std::shared_ptr<Job> job, std::chrono::milliseconds quiesce) 
       // return to the pool before the new job needs them.
       state_->idle.wait_for(lock, quiesce, [&] { return state_->busy == 0; });
     }
+  }
+  // Drop the old job before the new one starts: the last reference to a
+  // cancelled pass returns its batch slots to the pool.
+  previous.reset();
+  {
+    std::lock_guard lock(state_->mutex);
+    if (state_->stop) throw Error("the loader's worker threads were shut down (close() was called)");
     state_->job = std::move(job);
     ++state_->generation;
   }

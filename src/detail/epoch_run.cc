@@ -104,6 +104,13 @@ void EpochRun::cancel() noexcept {
   {
     std::lock_guard lock(mutex_);
     cancelled_ = true;
+    // Give back the slots of undelivered batches now, so that a new pass can
+    // reuse them: a worker still writing a sample holds its own reference,
+    // and finalize() works on its own copy.
+    for (BatchState& state : ring_) {
+      state.slot.reset();
+      state.result = Batch{};
+    }
   }
   window_cv_.notify_all();
   ready_cv_.notify_all();
@@ -234,12 +241,18 @@ void EpochRun::record_failure(BatchState& state, int64_t row, SampleError error)
 
 void EpochRun::finalize(BatchState& state) {
   const auto started = Clock::now();
-  if (!state.error) {
+  std::shared_ptr<Storage> slot;
+  {
+    std::lock_guard lock(mutex_);
+    slot = state.slot;
+  }
+  Batch result;
+  if (!state.error && slot != nullptr) {
     try {
       if (plan_.options.collate == Collate::kStack) {
-        build_stacked(state);
+        build_stacked(state, slot, result);
       } else {
-        build_listed(state);
+        build_listed(state, result);
       }
     } catch (...) {
       state.error = make_sample_error(state.indices.empty() ? -1 : state.indices[0],
@@ -248,7 +261,7 @@ void EpochRun::finalize(BatchState& state) {
     }
   }
   if (plan_.pool->take_overflow_warning()) {
-    state.result.warnings.push_back(
+    result.warnings.push_back(
         "the consumer holds more batches than the loader's " +
         std::to_string(plan_.pool->num_slots()) +
         " batch slots; allocating beyond the planned memory. Release batches sooner or raise "
@@ -257,12 +270,14 @@ void EpochRun::finalize(BatchState& state) {
   plan_.counters->collate_ns += elapsed_ns(started);
   {
     std::lock_guard lock(mutex_);
+    if (!cancelled_) state.result = std::move(result);
     state.ready = true;
   }
   ready_cv_.notify_all();
 }
 
-void EpochRun::build_stacked(BatchState& state) {
+void EpochRun::build_stacked(BatchState& state, const std::shared_ptr<Storage>& slot,
+                             Batch& result) {
   const auto& fields = plan_.source->fields();
   int64_t kept = 0;
   for (int64_t row = 0; row < state.rows; ++row) {
@@ -270,30 +285,29 @@ void EpochRun::build_stacked(BatchState& state) {
     if (kept != row) {
       // Compact: move the row down over the skipped ones (rare path).
       for (size_t f = 0; f < fields.size(); ++f) {
-        std::byte* base = state.slot->data() + plan_.field_offsets[f];
+        std::byte* base = slot->data() + plan_.field_offsets[f];
         std::memmove(base + static_cast<size_t>(kept) * plan_.row_bytes[f],
                      base + static_cast<size_t>(row) * plan_.row_bytes[f], plan_.row_bytes[f]);
       }
     }
-    state.result.indices.push_back(state.indices[static_cast<size_t>(row)]);
+    result.indices.push_back(state.indices[static_cast<size_t>(row)]);
     ++kept;
   }
   for (size_t f = 0; f < fields.size(); ++f) {
     Shape shape{kept};
     shape.insert(shape.end(), fields[f].shape->begin(), fields[f].shape->end());
-    state.result.stacked.emplace_back(state.slot, plan_.field_offsets[f], fields[f].dtype,
-                                      std::move(shape));
+    result.stacked.emplace_back(slot, plan_.field_offsets[f], fields[f].dtype, std::move(shape));
   }
 }
 
-void EpochRun::build_listed(BatchState& state) {
+void EpochRun::build_listed(BatchState& state, Batch& result) {
   const size_t field_count = plan_.source->fields().size();
-  state.result.listed.assign(field_count, {});
+  result.listed.assign(field_count, {});
   for (int64_t row = 0; row < state.rows; ++row) {
     if (state.skipped[static_cast<size_t>(row)]) continue;
-    state.result.indices.push_back(state.indices[static_cast<size_t>(row)]);
+    result.indices.push_back(state.indices[static_cast<size_t>(row)]);
     for (size_t f = 0; f < field_count; ++f) {
-      state.result.listed[f].push_back(std::move(state.row_tensors[static_cast<size_t>(row)][f]));
+      result.listed[f].push_back(std::move(state.row_tensors[static_cast<size_t>(row)][f]));
     }
   }
 }
@@ -311,7 +325,7 @@ EpochIterator::Status EpochRun::next(Batch& out, std::chrono::milliseconds timeo
   });
   plan_.counters->consumer_wait_ns += elapsed_ns(started);
   if (!arrived) return EpochIterator::Status::kTimeout;
-  if (cancelled_.load() && !(state.batch == delivered_ && state.ready)) {
+  if (cancelled_.load()) {
     finished_ = true;
     throw Error("this iteration was cancelled: a new iteration of the same Loader started, or "
                 "the Loader was closed");

@@ -85,8 +85,8 @@ class EpochRun final : public Job {
   void process_sample(int64_t position);
   void record_failure(BatchState& state, int64_t row, SampleError error);
   void finalize(BatchState& state);
-  void build_stacked(BatchState& state);
-  void build_listed(BatchState& state);
+  void build_stacked(BatchState& state, const std::shared_ptr<Storage>& slot, Batch& result);
+  void build_listed(BatchState& state, Batch& result);
 
   RunPlan plan_;
   Permutation permutation_;

@@ -1,0 +1,73 @@
+// Helpers shared by the C++ tests: temporary directories and .npy writing.
+#pragma once
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "leanloader/dtype.h"
+#include "leanloader/tensor.h"
+
+namespace leanloader::testing {
+
+// A fresh directory removed (recursively) when the object dies.
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "leanloader-test-XXXXXX").string();
+    path_ = ::mkdtemp(pattern.data());
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  const std::string& path() const { return path_; }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+inline std::string npy_descr(DType dtype) {
+  switch (dtype) {
+    case DType::kU8:
+      return "|u1";
+    case DType::kI64:
+      return "<i8";
+    case DType::kF32:
+      return "<f4";
+    case DType::kF64:
+      return "<f8";
+    default:
+      return "<i4";
+  }
+}
+
+// Writes a version-1.0 .npy file as NumPy does (header padded to 64 bytes).
+inline void write_npy(const std::string& path, DType dtype, const Shape& shape, const void* data,
+                      size_t bytes, bool fortran_order = false) {
+  std::string dims;
+  for (const int64_t dim : shape) dims += std::to_string(dim) + ", ";
+  if (shape.size() > 1) dims.resize(dims.size() - 2);
+  std::string header = "{'descr': '" + npy_descr(dtype) + "', 'fortran_order': " +
+                       (fortran_order ? "True" : "False") + ", 'shape': (" + dims + "), }";
+  while ((10 + header.size() + 1) % 64 != 0) header += ' ';
+  header += '\n';
+  std::ofstream out(path, std::ios::binary);
+  out.write("\x93NUMPY\x01\x00", 8);
+  const uint16_t length = static_cast<uint16_t>(header.size());
+  out.write(reinterpret_cast<const char*>(&length), 2);
+  out.write(header.data(), static_cast<std::streamsize>(header.size()));
+  out.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
+}
+
+template <typename T>
+void write_npy(const std::string& path, DType dtype, const Shape& shape, const std::vector<T>& values) {
+  write_npy(path, dtype, shape, values.data(), values.size() * sizeof(T));
+}
+
+}  // namespace leanloader::testing

@@ -1,0 +1,300 @@
+"""ll.Loader over arrays, .npy files and raw files: order, zero copy, errors, shutdown."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import warnings
+
+import numpy as np
+import pytest
+from conftest import write_sample_dir
+
+import leanloader as ll
+
+
+def ids_of(loader):
+    return [int(i) for batch in loader for i in np.asarray(batch["id"])]
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_every_index_once_per_epoch(id_arrays, shuffle, drop_last):
+    loader = ll.Loader(
+        id_arrays, batch_size=64, shuffle=shuffle, drop_last=drop_last, output="numpy"
+    )
+    ids = ids_of(loader)
+    expected = 1000 // 64 * 64 if drop_last else 1000
+    assert len(ids) == expected
+    assert len(set(ids)) == expected
+    assert len(loader) == (1000 // 64 if drop_last else -(-1000 // 64))
+    if not shuffle:
+        assert ids == list(range(expected))
+
+
+def test_same_order_for_any_thread_count_and_new_order_per_epoch(id_arrays):
+    orders = []
+    for threads in (1, 2, 8):
+        loader = ll.Loader(id_arrays, batch_size=50, shuffle=True, seed=3, num_threads=threads)
+        loader.set_epoch(7)
+        orders.append(ids_of(loader))
+    assert orders[0] == orders[1] == orders[2]
+    loader = ll.Loader(id_arrays, batch_size=50, shuffle=True, seed=3)
+    loader.set_epoch(8)
+    assert ids_of(loader) != orders[0]
+    reseeded = ll.Loader(id_arrays, batch_size=50, shuffle=True, seed=4)
+    reseeded.set_epoch(7)
+    assert ids_of(reseeded) != orders[0]
+
+
+def test_rows_match_their_samples_in_torch(id_arrays):
+    torch = pytest.importorskip("torch")
+    loader = ll.Loader(id_arrays, batch_size=32, shuffle=True, output="torch")
+    for batch in loader:
+        assert isinstance(batch["x"], torch.Tensor)
+        assert batch["x"].shape[1:] == (8,) and batch["x"].dtype == torch.float32
+        assert torch.equal(batch["x"][:, 0].long(), batch["id"] * 8)
+        assert loader.last_indices == batch["id"].tolist()
+
+
+def test_user_arrays_are_viewed_not_copied(id_arrays):
+    loader = ll.Loader(id_arrays, batch_size=1000, output="numpy")
+    id_arrays["x"][5, 0] = -1.0  # after the source was built
+    batch = next(iter(loader))
+    assert batch["x"][5, 0] == -1.0
+
+
+def test_batches_view_recycled_slots(id_arrays):
+    torch = pytest.importorskip("torch")
+    loader = ll.Loader(id_arrays, batch_size=100, shuffle=True, prefetch=2, output="torch")
+    pointers = set()
+    for _ in range(5):
+        for batch in loader:
+            pointers.add(batch["x"].data_ptr())
+            assert batch["x"].is_contiguous()
+        del batch
+    stats = loader.stats()
+    assert len(pointers) <= stats["slots_total"]
+    assert stats["overflow_slots_total"] == 0
+    assert torch.from_dlpack  # the tensors came through DLPack
+
+
+def _unreclaimable_bytes():
+    fields = {}
+    with open(f"/proc/{os.getpid()}/smaps_rollup") as f:
+        for line in f:
+            parts = line.split()
+            if parts and parts[0].endswith(":") and len(parts) >= 2 and parts[1].isdigit():
+                fields[parts[0][:-1]] = int(parts[1]) * 1024
+    return fields["Pss_Anon"] + fields.get("Pss_Shmem", 0)
+
+
+def test_memory_stays_flat_over_30_epochs(tmp_path):
+    features = np.lib.format.open_memmap(
+        tmp_path / "features.npy", mode="w+", dtype=np.float32, shape=(2048, 4096)
+    )
+    features[:] = 1.0
+    features.flush()
+    del features
+    loader = ll.Loader(
+        ll.NpySource(tmp_path / "features.npy"), batch_size=64, shuffle=True, output="numpy"
+    )
+    for batch in loader:  # warm up: slots created
+        pass
+    del batch
+    before = _unreclaimable_bytes()
+    for _ in range(30):
+        for batch in loader:
+            assert batch["features"].shape == (64, 4096)
+        del batch
+    growth = _unreclaimable_bytes() - before
+    # 30 epochs moved 30 x 32 MiB; the process grew by less than one batch.
+    assert growth < 16 * 2**20, growth
+    assert loader.stats()["batches_delivered"] == 31 * 32
+
+
+def test_worker_error_names_sample_file_and_stage(tmp_path):
+    write_sample_dir(tmp_path / "s", 40, bad={17})
+    loader = ll.Loader(ll.NpySource(tmp_path / "s"), batch_size=5, output="numpy")
+    seen = 0
+    with pytest.raises(ll.FormatError) as raised:
+        for _batch in loader:
+            seen += 1
+    assert seen == 3
+    error = raised.value
+    assert isinstance(error, ValueError)
+    assert error.sample_index == 17
+    assert error.stage == "read"
+    assert "s0017.npy" in str(error) and "sample 17" in str(error)
+
+
+def test_missing_file_raises_file_not_found(tmp_path):
+    loader = ll.Loader(
+        ll.FileSource([str(tmp_path / "nope.bin")]), batch_size=1, collate="list", output="numpy"
+    )
+    with pytest.raises(FileNotFoundError, match=r"nope\.bin"):
+        next(iter(loader))
+
+
+def test_skip_reports_bad_samples_at_epoch_end(tmp_path):
+    write_sample_dir(tmp_path / "s", 100, bad={3, 50})
+    loader = ll.Loader(
+        ll.NpySource(tmp_path / "s"), batch_size=10, on_error="skip", output="numpy"
+    )
+    with pytest.warns(RuntimeWarning, match=r"skipped 2 bad sample"):
+        values = [int(v) for batch in loader for v in batch["s"][:, 0]]
+    assert len(values) == 98 and 3 not in values and 50 not in values
+    assert loader.stats()["samples_skipped"] == 2
+    too_many = ll.Loader(
+        ll.NpySource(tmp_path / "s"),
+        batch_size=10,
+        on_error="skip",
+        max_skip_fraction=0.01,
+        output="numpy",
+    )
+    with pytest.raises(ll.FormatError, match="max_skip_fraction"):
+        list(too_many)
+
+
+def test_list_collate_for_variable_length_files(tmp_path):
+    paths = []
+    for i in range(10):
+        path = tmp_path / f"f{i}.bin"
+        path.write_bytes(bytes([i]) * (i * 37))
+        paths.append(path)
+    with pytest.raises(ValueError, match="collate='list'"):
+        ll.Loader(ll.FileSource(paths), batch_size=4)
+    loader = ll.Loader(ll.FileSource(str(tmp_path / "*.bin")), batch_size=4, collate="list",
+                       output="numpy")
+    items = [item for batch in loader for item in batch["data"]]
+    assert [len(item) for item in items] == [i * 37 for i in range(10)]
+    assert all((item == i).all() for i, item in enumerate(items))
+
+
+def test_memory_budget_caps_the_bill(id_arrays):
+    loader = ll.Loader(id_arrays, batch_size=100, prefetch=8, memory_budget="64KiB")
+    assert loader.memory_bill() <= 64 * 1024
+    assert len(ids_of(loader)) == 1000
+    with pytest.raises(ValueError, match="memory_budget"):
+        ll.Loader(id_arrays, batch_size=1000, memory_budget=1000)
+
+
+def test_breaking_out_and_iterating_again(id_arrays):
+    loader = ll.Loader(id_arrays, batch_size=10, shuffle=True)
+    for i, batch in enumerate(loader):
+        if i == 3:
+            break
+    del batch  # holding a batch of the old pass would be a batch beyond the pool
+    loader.set_epoch(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the cancelled pass gave its slots back
+        assert sorted(ids_of(loader)) == list(range(1000))
+
+
+def test_consumer_wait_releases_the_gil(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    loader = ll.Loader(ll.FileSource([str(fifo)]), batch_size=1, collate="list", output="numpy")
+    ticks = []
+    stop = threading.Event()
+
+    def count():
+        while not stop.is_set():
+            ticks.append(1)
+            time.sleep(0.001)
+
+    counter = threading.Thread(target=count)
+    counter.start()
+    result = {}
+
+    def consume():
+        result["batch"] = next(iter(loader))
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    time.sleep(0.3)
+    before = len(ticks)
+    time.sleep(0.3)
+    assert len(ticks) > before + 50  # the other thread ran while the consumer waited
+    with open(fifo, "wb"):  # unblock the worker (a FIFO has no size: an empty sample)
+        pass
+    consumer.join(5)
+    stop.set()
+    counter.join()
+    assert len(result["batch"]["data"]) == 1
+    loader.close()
+
+
+CTRL_C_SCRIPT = textwrap.dedent(
+    """
+    import os, sys
+    import leanloader as ll
+    fifo = sys.argv[1]
+    loader = ll.Loader(ll.FileSource([fifo]), batch_size=1, collate="list", output="numpy")
+    print("ready", flush=True)
+    for batch in loader:
+        pass
+    """
+)
+
+
+def test_ctrl_c_while_workers_are_blocked_exits_promptly(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    process = subprocess.Popen(
+        [sys.executable, "-c", CTRL_C_SCRIPT, str(fifo)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout.readline().strip() == "ready"
+    time.sleep(0.3)  # the worker is now blocked opening the FIFO
+    started = time.monotonic()
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=10)
+    elapsed = time.monotonic() - started
+    assert elapsed < 2.5, elapsed
+    assert "KeyboardInterrupt" in stderr
+    assert "Fatal Python error" not in stderr
+    assert stderr.count("Traceback") == 1
+
+
+def test_close_while_worker_blocked_returns_within_a_second(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    loader = ll.Loader(ll.FileSource([str(fifo)]), batch_size=1, collate="list", output="numpy")
+    iterator = iter(loader)
+    thread = threading.Thread(target=lambda: next(iterator, None), daemon=True)
+    thread.start()
+    time.sleep(0.2)
+    started = time.monotonic()
+    loader.close()
+    assert time.monotonic() - started < 1.5
+    with open(fifo, "wb"):  # let the detached worker finish
+        pass
+    thread.join(5)
+
+
+def test_numpy_output_works_without_torch(tmp_path):
+    script = textwrap.dedent(
+        """
+        import sys
+        sys.modules["torch"] = None  # torch cannot be imported
+        import numpy as np
+        import leanloader as ll
+        loader = ll.Loader({"x": np.arange(10)}, batch_size=4)
+        assert loader.output == "numpy"
+        batches = [b["x"] for b in loader]
+        assert isinstance(batches[0], np.ndarray)
+        assert [int(v) for b in batches for v in b] == list(range(10))
+        print("ok")
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
