@@ -1,0 +1,174 @@
+// MemoryMonitor: what a process tree, the system, its cgroup and the GPUs hold.
+//
+// What is counted (DESIGN §4): per process, from /proc/PID/smaps_rollup,
+// RSS, PSS and its split into anonymous / file-backed / shmem, USS (private
+// clean + dirty) and swap. Summing PSS over processes counts a shared page
+// once (the kernel already divides it among its sharers), so tree totals are
+// sums of PSS-based figures, never of RSS. "Unreclaimable" = Pss_Anon +
+// Pss_Shmem: what the OOM killer sees; Pss_File is page cache the kernel can
+// drop and is reported separately.
+//
+// Limits come from where the kernel enforces them: the effective cgroup limit
+// is the smallest memory.max (v2) / memory.limit_in_bytes (v1) on the path
+// from the process's cgroup up to the hierarchy's root; MemAvailable, not
+// MemFree, is the system's headroom.
+//
+// Every path is taken relative to MemoryPaths::root ("" = the real machine),
+// so tests run the parsers on fake /proc and /sys trees in temp directories.
+// A MemoryMonitor holds no open files and no state besides its paths; it is
+// safe to use from several threads at once.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace leanloader {
+
+struct MemoryPaths {
+  // Prefix for /proc/... and /sys/... (and the cgroup mount points read from
+  // /proc/self/mountinfo). Empty = the real root.
+  std::string root;
+};
+
+// Bytes. Sums over processes are PSS-based and count a shared page once,
+// except rss_bytes, which counts it in every process that maps it.
+struct ProcessMemory {
+  int pid = 0;
+  std::string name;  // comm, as in /proc/PID/stat
+  uint64_t rss_bytes = 0;
+  uint64_t pss_bytes = 0;
+  uint64_t pss_anon_bytes = 0;
+  uint64_t pss_file_bytes = 0;
+  uint64_t pss_shmem_bytes = 0;
+  uint64_t uss_bytes = 0;  // Private_Clean + Private_Dirty (+ Private_Hugetlb)
+  uint64_t swap_bytes = 0;
+  // False when smaps_rollup could not be read (another user's process, a
+  // kernel before 4.14) and the figures come from /proc/PID/status: then
+  // pss = rss, the split is RssAnon/RssFile/RssShmem and uss = RssAnon.
+  bool from_smaps_rollup = true;
+
+  uint64_t unreclaimable_bytes() const { return pss_anon_bytes + pss_shmem_bytes; }
+};
+
+struct MemoryTotals {
+  uint64_t rss_bytes = 0;
+  uint64_t pss_bytes = 0;
+  uint64_t pss_anon_bytes = 0;
+  uint64_t pss_file_bytes = 0;
+  uint64_t pss_shmem_bytes = 0;
+  uint64_t uss_bytes = 0;
+  uint64_t swap_bytes = 0;
+  int num_processes = 0;
+
+  uint64_t unreclaimable_bytes() const { return pss_anon_bytes + pss_shmem_bytes; }
+  void add(const ProcessMemory& process);
+};
+
+// /proc/meminfo.
+struct SystemMemory {
+  uint64_t mem_total_bytes = 0;
+  uint64_t mem_free_bytes = 0;
+  // MemAvailable (free + reclaimable page cache and slab); MemFree on kernels
+  // older than 3.14 that lack it.
+  uint64_t mem_available_bytes = 0;
+};
+
+struct CgroupMemory {
+  int version = 0;   // 1 or 2
+  std::string path;  // the directory of the process's memory cgroup
+  // The smallest limit on the path to the root; nullopt = unlimited.
+  std::optional<uint64_t> memory_max_bytes;
+  // memory.current (v2) / memory.usage_in_bytes (v1) of the process's cgroup.
+  uint64_t memory_current_bytes = 0;
+  // inactive_file of memory.stat at the process's cgroup: page cache the
+  // kernel reclaims before it OOM-kills (v1: total_inactive_file).
+  uint64_t inactive_file_bytes = 0;
+  // The least, over limited levels of the path, of limit - usage +
+  // inactive_file (clamped to [0, limit]); nullopt = no level is limited.
+  std::optional<uint64_t> headroom_bytes;
+};
+
+struct GpuMemory {
+  int index = 0;
+  std::string name;
+  // False when the driver answers NVML_ERROR_NOT_SUPPORTED for memory info,
+  // as on GB10 / unified-memory parts; then total/used/free are 0.
+  bool memory_info_supported = true;
+  uint64_t total_bytes = 0;
+  uint64_t used_bytes = 0;
+  uint64_t free_bytes = 0;
+};
+
+// How the unified-memory decision was made, for reports and tests.
+struct UnifiedMemoryDetection {
+  bool unified = false;
+  std::string reason;
+};
+
+class MemoryMonitor {
+ public:
+  explicit MemoryMonitor(MemoryPaths paths = {});
+
+  // pid and every live descendant (from the ppid field of /proc/*/stat),
+  // pid first, then in breadth-first order. Empty if pid does not exist.
+  std::vector<int> process_tree(int pid) const;
+
+  // One process; nullopt if it does not exist, has exited or is a zombie
+  // (no address space).
+  std::optional<ProcessMemory> read_process(int pid) const;
+
+  // pid alone (tree = false) or with its descendants; processes that exit
+  // while being read are left out. Throws IoError (NotFound) if pid itself
+  // cannot be read.
+  std::vector<ProcessMemory> read_processes(int pid, bool tree) const;
+
+  // Sums over pid and its descendants, skipping processes that exit mid-read
+  // (num_processes says how many were counted; 0 if pid is gone). Reads only
+  // small files (stat, smaps_rollup): cheap enough to sample every 50 ms.
+  MemoryTotals tree_totals(int pid) const;
+
+  // Throws IoError if /proc/meminfo cannot be read, FormatError if it lacks
+  // MemTotal.
+  SystemMemory read_system() const;
+
+  // The memory cgroup of pid (0 = this process): v2 when its cgroup has the
+  // memory controller, else v1; nullopt when neither can be found.
+  std::optional<CgroupMemory> read_cgroup(int pid = 0) const;
+
+  // min(MemAvailable, cgroup headroom): what the loader may still take.
+  uint64_t available_memory_bytes() const;
+
+  // min(MemTotal, cgroup limit): the memory this process can ever use.
+  uint64_t total_memory_bytes() const;
+
+  // GPUs through NVML (libnvidia-ml.so.1, loaded with dlopen at the first
+  // call); nullopt when the library or driver is absent or fails to start.
+  // Ignores MemoryPaths (NVML has no file interface).
+  std::optional<std::vector<GpuMemory>> read_gpus() const;
+
+  // Whether CPU and GPU share one memory pool, in this order:
+  // 1. env LEANLOADER_UNIFIED_MEMORY=1/0 (an explicit override);
+  // 2. <root>/proc/device-tree/compatible names "nvidia,tegra" (Jetson);
+  // 3. an NVML GPU whose memory info is NOT_SUPPORTED (GB10 / DGX Spark) or
+  //    whose name is a Grace-Hopper/Blackwell superchip (GH200, GB200, GB10);
+  // 4. otherwise false ("no unified-memory device found").
+  UnifiedMemoryDetection detect_unified_memory() const;
+  // Steps 1-3 with the GPU list given (nullopt = no NVML), for tests.
+  UnifiedMemoryDetection detect_unified_memory(
+      const std::optional<std::vector<GpuMemory>>& gpus) const;
+
+  const MemoryPaths& paths() const { return paths_; }
+
+ private:
+  std::string proc_path(int pid, const char* file) const;
+
+  MemoryPaths paths_;
+};
+
+// MemoryMonitor().available_memory_bytes() on the real machine: what the
+// loader calls to size its budget (memory_budget="auto") and to back off.
+uint64_t available_memory_bytes();
+
+}  // namespace leanloader
