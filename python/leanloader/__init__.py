@@ -7,16 +7,27 @@ memory-mapped tensor caches shared by every reader, and the memory bill shown.
 from __future__ import annotations
 
 from leanloader._core import Error, FormatError
+from leanloader.autobatch import AutoBatch
 from leanloader.loader import Loader
+from leanloader.memory import memory_report
+from leanloader.planner import batch_defaults, estimate_memory, regularization_cost
+from leanloader.safetensors import load_safetensors, save_safetensors
 from leanloader.sources import ArraySource, FileSource, NpySource, Source
 
 __all__ = [
     "ArraySource",
+    "AutoBatch",
     "Error",
     "FileSource",
     "FormatError",
     "Loader",
     "NpySource",
     "Source",
+    "batch_defaults",
+    "estimate_memory",
+    "load_safetensors",
+    "memory_report",
+    "regularization_cost",
+    "save_safetensors",
 ]
 __version__ = "0.1.0"

@@ -1,0 +1,160 @@
+// Python: safetensors load/save (leanloader.safetensors wraps these) and the
+// header reader behind `leanloader cache inspect`.
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bindings.h"
+#include "leanloader/safetensors.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace leanloader::bindings {
+
+namespace {
+
+// Any CPU array that speaks DLPack or the buffer protocol (NumPy, torch).
+using InputArray = nb::ndarray<nb::ro, nb::device::cpu>;
+
+// A Tensor viewing `array`'s memory without copying. The storage has no
+// release callback: the caller keeps `array` alive (and drops it with the
+// GIL held) for as long as the Tensor is used.
+Tensor view_of(const std::string& name, const InputArray& array) {
+  const nb::dlpack::dtype type = array.dtype();
+  const std::optional<DType> dtype =
+      type.lanes == 1 ? dtype_from_dlpack(DLPackType{type.code, type.bits}) : std::nullopt;
+  if (!dtype) {
+    throw InvalidArgument("tensor '" + name + "' has a dtype (DLPack code " +
+                          std::to_string(type.code) + ", " + std::to_string(type.bits) + " bits, " +
+                          std::to_string(type.lanes) + " lanes) that safetensors cannot store");
+  }
+  Shape shape(array.ndim());
+  Shape strides(array.ndim());
+  size_t last = 0;
+  bool empty = false;
+  for (size_t i = 0; i < array.ndim(); ++i) {
+    shape[i] = static_cast<int64_t>(array.shape(i));
+    strides[i] = array.stride(i);
+    if (strides[i] < 0) {
+      throw InvalidArgument("tensor '" + name + "' has a negative stride; pass a contiguous copy");
+    }
+    if (shape[i] == 0) empty = true;
+    if (shape[i] > 0) last += static_cast<size_t>(shape[i] - 1) * static_cast<size_t>(strides[i]);
+  }
+  const size_t extent = empty ? 0 : (last + 1) * dtype_size(*dtype);
+  auto* data = static_cast<std::byte*>(const_cast<void*>(static_cast<const void*>(array.data())));
+  auto storage = std::make_shared<ExternalStorage>(data, extent, nullptr);
+  return Tensor(std::move(storage), 0, *dtype, std::move(shape), std::move(strides));
+}
+
+nb::dict header_to_dict(const SafetensorsHeader& header) {
+  nb::dict tensors;
+  for (const SafetensorsEntry& entry : header.tensors) {
+    nb::dict info;
+    info["dtype"] = std::string(dtype_name(entry.dtype));
+    nb::list shape;
+    for (const int64_t dim : entry.shape) shape.append(dim);
+    info["shape"] = nb::tuple(shape);
+    info["data_offsets"] = nb::make_tuple(entry.begin, entry.end);
+    tensors[nb::str(entry.name.data(), entry.name.size())] = info;
+  }
+  nb::dict out;
+  out["tensors"] = tensors;
+  if (header.has_metadata) {
+    nb::dict metadata;
+    for (const auto& [key, value] : header.metadata) {
+      metadata[nb::str(key.data(), key.size())] = nb::str(value.data(), value.size());
+    }
+    out["metadata"] = metadata;
+  } else {
+    out["metadata"] = nb::none();
+  }
+  out["data_offset"] = header.data_offset;
+  return out;
+}
+
+}  // namespace
+
+void bind_safetensors(nb::module_& m) {
+  m.def(
+      "load_safetensors",
+      [](const std::string& path, const std::string& output) {
+        const OutputFramework framework = parse_output_framework(output);
+        std::shared_ptr<SafetensorsFile> file;
+        std::vector<Tensor> tensors;
+        {
+          nb::gil_scoped_release release;
+          file = SafetensorsFile::open(path);
+          tensors.reserve(file->size());
+          for (size_t i = 0; i < file->size(); ++i) tensors.push_back(file->tensor(i));
+        }
+        nb::dict out;
+        for (size_t i = 0; i < tensors.size(); ++i) {
+          const std::string& name = file->header().tensors[i].name;
+          out[nb::str(name.data(), name.size())] = tensor_to_python(tensors[i], framework);
+        }
+        return out;
+      },
+      "path"_a, "output"_a = "torch",
+      "Loads every tensor of a safetensors file as zero-copy views of the mapped file\n"
+      "(tensors whose data is misaligned for their dtype are copied). Validates the\n"
+      "file as strictly as the reference reader; raises leanloader.FormatError.");
+
+  m.def(
+      "save_safetensors",
+      [](const std::string& path, const nb::dict& tensors,
+         const std::optional<std::map<std::string, std::string>>& metadata) {
+        // The arrays stay referenced here until after the write, and are
+        // released with the GIL held.
+        std::vector<InputArray> arrays;
+        std::vector<std::pair<std::string, Tensor>> views;
+        arrays.reserve(tensors.size());
+        views.reserve(tensors.size());
+        for (const auto& [key, value] : tensors) {
+          if (!nb::isinstance<nb::str>(key)) {
+            throw nb::type_error("tensor names must be str");
+          }
+          std::string name = nb::cast<std::string>(key);
+          InputArray array;
+          if (!nb::try_cast(value, array)) {
+            const std::string type = nb::cast<std::string>(nb::str(value.type()));
+            throw nb::type_error(("tensor '" + name + "' is a " + type +
+                                  ", not a CPU array (NumPy or torch, via DLPack)")
+                                     .c_str());
+          }
+          views.emplace_back(name, view_of(name, array));
+          arrays.push_back(std::move(array));
+        }
+        nb::gil_scoped_release release;
+        save_safetensors(path, views, metadata);
+      },
+      "path"_a, "tensors"_a, "metadata"_a = nb::none(),
+      "Writes a dict of CPU arrays in the reference safetensors layout, atomically\n"
+      "(temporary file, fsync, rename, fsync of the directory).");
+
+  m.def(
+      "safetensors_header",
+      [](const std::string& path) {
+        SafetensorsHeader header;
+        {
+          nb::gil_scoped_release release;
+          header = read_safetensors_header(path);
+        }
+        return header_to_dict(header);
+      },
+      "path"_a,
+      "Reads and validates only the header of a safetensors file: {'tensors': {name:\n"
+      "{'dtype', 'shape', 'data_offsets'}} in file order, 'metadata': dict or None,\n"
+      "'data_offset': int}.");
+}
+
+}  // namespace leanloader::bindings
