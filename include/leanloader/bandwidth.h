@@ -1,0 +1,26 @@
+// Bandwidth: this machine's memcpy speed, the yardstick for batch assembly.
+//
+// Assembling a batch from cached data is a gather-copy, so its ceiling is the
+// memcpy bandwidth available to the same number of threads. The benchmark
+// harness measures it in the same run as the loaders it compares (the host is
+// shared and drifts by 10-20%, see research/limits.md) and quotes the loader's
+// throughput as a fraction of it.
+#pragma once
+
+#include <cstddef>
+
+namespace leanloader {
+
+// Returns the bytes copied per second (bytes, not GB) when `threads`
+// std::threads each memcpy their own `bytes_per_thread` buffer at the same
+// time: threads * bytes_per_thread divided by the wall time from the first
+// thread's start to the last thread's end. Buffers are allocated and
+// prefaulted before timing; one untimed warm-up pass precedes `repeats` timed
+// passes, and the median pass is returned.
+//
+// Throws InvalidArgument when threads < 1, bytes_per_thread == 0 or
+// repeats < 1, and OutOfMemory when the buffers cannot be allocated.
+// Thread-safe; it allocates 2 * threads * bytes_per_thread bytes while it runs.
+double measure_memcpy_bandwidth(int threads, size_t bytes_per_thread, int repeats);
+
+}  // namespace leanloader

@@ -1,0 +1,145 @@
+"""Child process of the benchmark harness: runs one loader once.
+
+    python -m leanloader.bench.child --scenario arrays --loader torch --params JSON
+
+Prints one JSON line with the loader's figures on stdout, last. The parent
+samples this process tree's memory while it runs; this process measures time
+and CPU itself.
+
+Definitions (the harness quotes medians of these over rounds):
+- first_batch_s: from calling the loader function (loader construction, worker
+  start-up) to the first batch in hand.
+- samples_per_s, bytes_per_s: steady state, from the first batch in hand to the
+  last, over the samples and bytes of every batch after the first.
+- start_unreclaimable_bytes, start_pss_bytes: this process tree after imports
+  (Python, numpy, torch), before the loader exists: the part of every peak
+  that is not the loader's.
+- cpu_s: user + system CPU of this process and its reaped children (worker
+  processes) from loader construction until the loader has shut down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import multiprocessing
+import os
+import resource
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from leanloader import _core
+from leanloader.bench.scenarios import LoaderContext, get_scenario
+
+
+def touch_batch(batch: Any) -> tuple[int, int]:
+    """Reads the last element of every array in `batch`, so that a loader that
+    defers work until the data is read cannot look faster than it is. Returns
+    (samples, bytes): the leading dimension of the first array and the bytes of
+    all arrays."""
+    samples = 0
+    total_bytes = 0
+    for array in _arrays_in(batch):
+        if samples == 0 and len(array.shape) > 0:
+            samples = int(array.shape[0])
+        total_bytes += int(array.nbytes)
+        if array.nbytes:
+            array.reshape(-1)[-1].item()
+    return samples, total_bytes
+
+
+def _arrays_in(batch: Any) -> Iterator[Any]:
+    if isinstance(batch, dict):
+        for value in batch.values():
+            yield from _arrays_in(value)
+    elif isinstance(batch, (list, tuple)):
+        for value in batch:
+            yield from _arrays_in(value)
+    elif hasattr(batch, "shape") and hasattr(batch, "nbytes"):
+        yield batch
+
+
+def cpu_seconds() -> float:
+    """CPU of this process (all threads) and of its children that have been
+    waited for."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def run_loader(scenario_name: str, run_key: str, params: dict[str, Any]) -> dict[str, Any]:
+    scenario = get_scenario(scenario_name)
+    run = scenario.loader(run_key)
+    for module in params["imports"]:
+        importlib.import_module(module)
+    context = LoaderContext(
+        size=params["size"],
+        data=params["data"],
+        options=params["options"],
+        seed=int(params["seed"]),
+    )
+    memory_at_start = _core.process_tree_memory(os.getpid())
+
+    cpu_start = cpu_seconds()
+    start = time.perf_counter()
+    first_batch_at = last_batch_at = 0.0
+    batches = samples = total_bytes = 0
+    first_samples = first_bytes = 0
+    for batch in run.function(context):
+        batch_samples, batch_bytes = touch_batch(batch)
+        del batch  # lets a loader reuse the batch's memory before the next one
+        last_batch_at = time.perf_counter()
+        if batches == 0:
+            first_batch_at = last_batch_at
+            first_samples, first_bytes = batch_samples, batch_bytes
+        batches += 1
+        samples += batch_samples
+        total_bytes += batch_bytes
+    # Workers that the loader did not join itself are reaped here, so that
+    # their CPU time is counted.
+    for process in multiprocessing.active_children():
+        process.join()
+    cpu_s = cpu_seconds() - cpu_start
+    if batches == 0:
+        raise RuntimeError(f"loader run {run_key!r} yielded no batches")
+
+    steady_s = last_batch_at - first_batch_at
+    steady_samples = samples - first_samples
+    steady_bytes = total_bytes - first_bytes
+    if steady_s <= 0 or steady_samples <= 0:
+        # One batch only: the best estimate is the whole run.
+        steady_s = last_batch_at - start
+        steady_samples, steady_bytes = samples, total_bytes
+    return {
+        "loader": run.name,
+        "batches": batches,
+        "samples": samples,
+        "bytes": total_bytes,
+        "first_batch_s": first_batch_at - start,
+        "run_s": last_batch_at - start,
+        "samples_per_s": steady_samples / steady_s,
+        "bytes_per_s": steady_bytes / steady_s,
+        "start_unreclaimable_bytes": int(memory_at_start["unreclaimable_bytes"]),
+        "start_pss_bytes": int(memory_at_start["pss_bytes"]),
+        "cpu_s": cpu_s,
+        "cpu_s_per_1k_samples": cpu_s / samples * 1000.0,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scenario", required=True)
+    parser.add_argument("--loader", required=True, help="the run's key in the scenario")
+    parser.add_argument("--params", required=True, help="JSON: size, data, seed, options, imports")
+    args = parser.parse_args(argv)
+    figures = run_loader(args.scenario, args.loader, json.loads(args.params))
+    sys.stdout.write(json.dumps(figures) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

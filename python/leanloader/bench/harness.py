@@ -1,0 +1,431 @@
+"""Side-by-side benchmark harness: runs a scenario's loaders and compares them.
+
+Each loader runs in its own child process (``python -m leanloader.bench.child``),
+one after the other in alternation (A, B, A, B, … for at least 3 rounds), so
+that drift of the shared host affects every loader alike. While a child runs, a
+sampler thread here reads the memory of its whole process tree every 50 ms
+(``leanloader._core.process_tree_memory``: PSS from smaps_rollup, summed over
+the child and its workers) and keeps the peaks. Each round also measures this
+machine's memcpy bandwidth with the loader's thread count, the ceiling for
+batch assembly. Reported figures are medians over rounds; ratios divide them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from leanloader.bench.machine import describe_machine
+from leanloader.bench.scenarios import Goal, LoaderRun, Scenario
+
+MIN_ROUNDS = 3
+SAMPLE_INTERVAL_S = 0.05
+CHILD_TIMEOUT_S = 1800.0
+SEED = 0
+
+# Peaks kept by the sampler: report key -> process_tree_memory key.
+PEAK_KEYS = {
+    "peak_unreclaimable_bytes": "unreclaimable_bytes",
+    "peak_pss_bytes": "pss_bytes",
+    "peak_pss_anon_bytes": "pss_anon_bytes",
+    "peak_pss_shmem_bytes": "pss_shmem_bytes",
+    "peak_pss_file_bytes": "pss_file_bytes",
+    "peak_rss_bytes": "rss_bytes",
+    "peak_processes": "num_processes",
+}
+
+# Figures whose median over rounds is reported (from the child or the sampler).
+MEDIAN_FIGURES = (
+    "samples_per_s",
+    "first_batch_s",
+    *PEAK_KEYS,
+    "start_unreclaimable_bytes",
+    "loader_unreclaimable_bytes",
+    "cpu_s_per_1k_samples",
+    "bytes_per_s",
+)
+
+# Figures that every ratio numerator/denominator is given for.
+RATIO_FIGURES = (
+    "samples_per_s",
+    "first_batch_s",
+    "peak_unreclaimable_bytes",
+    "loader_unreclaimable_bytes",
+    "peak_pss_bytes",
+    "cpu_s_per_1k_samples",
+)
+
+
+class BenchError(RuntimeError):
+    """A child failed or the scenario cannot run."""
+
+
+def default_data_dir() -> Path:
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "leanloader" / "bench"
+
+
+Progress = Callable[[str], None]
+
+
+def _quiet(_message: str) -> None:
+    pass
+
+
+def run_scenario(
+    scenario: Scenario,
+    size_name: str,
+    *,
+    rounds: int = MIN_ROUNDS,
+    data_dir: Path | None = None,
+    size_overrides: Mapping[str, Any] | None = None,
+    progress: Progress = _quiet,
+) -> dict[str, Any]:
+    """Runs every available loader of `scenario` `rounds` times, alternating,
+    and returns the report (the JSON that `leanloader bench --json` prints)."""
+    if rounds < MIN_ROUNDS:
+        raise ValueError(f"rounds must be at least {MIN_ROUNDS}, got {rounds}")
+    if size_name not in scenario.sizes:
+        raise ValueError(f"scenario {scenario.name!r} has no size {size_name!r}")
+    size = {**scenario.sizes[size_name], **(size_overrides or {})}
+
+    runs: list[LoaderRun] = []
+    skipped: list[dict[str, str]] = []
+    for run in scenario.loaders:
+        missing = run.missing_imports()
+        if missing:
+            skipped.append({"loader": run.run_key, "reason": f"needs {', '.join(missing)}"})
+            progress(f"skipping {run.run_key}: needs {', '.join(missing)}")
+        else:
+            runs.append(run)
+    if not runs:
+        raise BenchError(f"no loader of scenario {scenario.name!r} can run here")
+
+    data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
+    progress(f"preparing data in {data_dir} ({scenario.describe_size(size)})")
+    data = scenario.prepare(data_dir, size)
+    for path in scenario.warm_files(data):
+        _read_once(path)
+
+    params = {"size": size, "data": data, "seed": SEED}
+    figures_by_run: dict[str, list[dict[str, Any]]] = {run.run_key: [] for run in runs}
+    memcpy_by_threads: dict[int, list[float]] = {run.threads: [] for run in runs}
+    order: list[list[str]] = []
+    for round_index in range(rounds):
+        for threads, measurements in memcpy_by_threads.items():
+            measurements.append(_measure_memcpy(threads))
+        order.append([])
+        for run in runs:
+            figures = run_child(scenario.name, run, params)
+            figures_by_run[run.run_key].append(figures)
+            order[-1].append(run.run_key)
+            progress(
+                f"round {round_index + 1}/{rounds} {run.run_key}: "
+                f"{figures['samples_per_s']:.0f} samples/s, "
+                f"first batch {figures['first_batch_s']:.3f} s, "
+                f"peak unreclaimable {format_bytes(figures['peak_unreclaimable_bytes'])}"
+            )
+
+    results = []
+    for run in runs:
+        rows = figures_by_run[run.run_key]
+        memcpy = statistics.median(memcpy_by_threads[run.threads])
+        result: dict[str, Any] = {"loader": run.name}
+        if run.run_key != run.name:
+            result["key"] = run.run_key
+        result.update({key: run.options[key] for key in run.row_options})
+        result["threads"] = run.threads
+        result["rounds"] = len(rows)
+        result["samples"] = rows[0]["samples"]
+        for figure in MEDIAN_FIGURES:
+            result[figure] = statistics.median(row[figure] for row in rows)
+        result["memcpy_bytes_per_s"] = memcpy
+        result["fraction_of_memcpy"] = result["bytes_per_s"] / memcpy
+        results.append(result)
+
+    ratios = _ratios(scenario, results)
+    return {
+        "scenario": scenario.name,
+        "size": size_name,
+        "description": scenario.describe_size(size),
+        "machine": describe_machine(),
+        "results": results,
+        "ratios": ratios,
+        "goals": _check_goals(scenario.goals, results, ratios),
+        "rounds": order,
+        "skipped": skipped,
+    }
+
+
+def run_child(scenario_name: str, run: LoaderRun, params: Mapping[str, Any]) -> dict[str, Any]:
+    """Runs `run` once in a child process while sampling its tree's memory.
+    Returns the child's figures plus the memory peaks."""
+    command = [
+        sys.executable,
+        "-m",
+        "leanloader.bench.child",
+        "--scenario",
+        scenario_name,
+        "--loader",
+        run.run_key,
+        "--params",
+        # The run's options and imports as this process decided them (a child
+        # may see other installed modules, e.g. when a test hides torch here).
+        json.dumps({**params, "options": dict(run.options), "imports": list(run.imports)}),
+    ]
+    # Its own session, so that a timeout can stop the child and its workers.
+    child = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=_child_environment(),
+        start_new_session=True,
+        text=True,
+    )
+    sampler = TreeMemorySampler(child.pid)
+    sampler.start()
+    try:
+        stdout, stderr = child.communicate(timeout=CHILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        _stop_session(child)
+        raise BenchError(f"{run.run_key} ran longer than {CHILD_TIMEOUT_S:.0f} s") from None
+    except BaseException:
+        # Ctrl-C reaches only this process (the child has its own session).
+        _stop_session(child)
+        raise
+    finally:
+        sampler.stop()
+    if child.returncode != 0 or not stdout.strip():
+        tail = "\n".join(stderr.strip().splitlines()[-20:])
+        raise BenchError(f"{run.run_key} failed (exit status {child.returncode}):\n{tail}")
+    figures = json.loads(stdout.strip().splitlines()[-1])
+    if sampler.samples == 0:
+        raise BenchError(f"{run.run_key}: no memory sample was taken while it ran")
+    figures.update(sampler.peaks)
+    # The loader's own share: the peak above what the process held before it.
+    figures["loader_unreclaimable_bytes"] = max(
+        0, figures["peak_unreclaimable_bytes"] - figures["start_unreclaimable_bytes"]
+    )
+    return figures
+
+
+def _stop_session(child: subprocess.Popen[str]) -> None:
+    """Kills a child started with start_new_session and its workers, and reaps it."""
+    try:
+        os.killpg(child.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    child.communicate()
+
+
+class TreeMemorySampler:
+    """Samples the memory of a process tree every SAMPLE_INTERVAL_S on a
+    thread and keeps the peak of each figure (each peak on its own: they may
+    come from different moments)."""
+
+    def __init__(self, pid: int, interval_s: float = SAMPLE_INTERVAL_S) -> None:
+        from leanloader import _core
+
+        self._read_tree = _core.process_tree_memory
+        self._pid = pid
+        self._interval_s = interval_s
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._sample_until_stopped, daemon=True)
+        self.peaks = dict.fromkeys(PEAK_KEYS, 0)
+        self.samples = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._thread.join()
+
+    def _sample_until_stopped(self) -> None:
+        while True:
+            self._sample()
+            if self._stopping.wait(self._interval_s):
+                return
+
+    def _sample(self) -> None:
+        try:
+            memory = self._read_tree(self._pid)
+        except (OSError, RuntimeError, ValueError):
+            return  # the child is exiting: its /proc entries are going away
+        if memory.get("num_processes", 1) == 0:
+            return
+        self.samples += 1
+        for peak, key in PEAK_KEYS.items():
+            self.peaks[peak] = max(self.peaks[peak], int(memory[key]))
+
+
+def _child_environment() -> dict[str, str]:
+    # The child must import the same leanloader as this process, even when it
+    # was found through sys.path changes rather than an installation.
+    import leanloader
+
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(leanloader.__file__)))
+    environment = dict(os.environ)
+    existing = environment.get("PYTHONPATH")
+    environment["PYTHONPATH"] = package_root + (os.pathsep + existing if existing else "")
+    return environment
+
+
+def _measure_memcpy(threads: int) -> float:
+    from leanloader import _core
+
+    return float(_core.measure_memcpy_bandwidth(threads))
+
+
+def _read_once(path: str, chunk_bytes: int = 8 << 20) -> None:
+    """Reads a file through the page cache once, so that every loader finds it
+    cached (the machine evicts pages that are not re-read within minutes)."""
+    buffer = bytearray(chunk_bytes)
+    with open(path, "rb", buffering=0) as file:
+        while file.readinto(buffer):
+            pass
+
+
+def _ratios(scenario: Scenario, results: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    by_key = {result.get("key", result["loader"]): result for result in results}
+    ratios = {}
+    for numerator, denominator in scenario.ratios:
+        if numerator not in by_key or denominator not in by_key:
+            continue  # a run was skipped
+        top, bottom = by_key[numerator], by_key[denominator]
+        ratios[f"{numerator}/{denominator}"] = {
+            figure: (top[figure] / bottom[figure] if bottom[figure] else float("inf"))
+            for figure in RATIO_FIGURES
+        }
+    return ratios
+
+
+def _check_goals(
+    goals: tuple[Goal, ...],
+    results: list[dict[str, Any]],
+    ratios: Mapping[str, Mapping[str, float]],
+) -> list[dict[str, Any]]:
+    by_key = {result.get("key", result["loader"]): result for result in results}
+    checked = []
+    for goal in goals:
+        if goal.ratio is not None:
+            value = ratios.get(goal.ratio, {}).get(goal.figure)
+        else:
+            value = by_key.get(goal.loader or "", {}).get(goal.figure)
+        met = None
+        if value is not None:
+            met = (goal.at_least is None or value >= goal.at_least) and (
+                goal.at_most is None or value <= goal.at_most
+            )
+        checked.append(
+            {
+                "goal": goal.description,
+                "figure": goal.figure,
+                "of": goal.ratio or goal.loader,
+                "value": value,
+                "at_least": goal.at_least,
+                "at_most": goal.at_most,
+                "met": met,
+            }
+        )
+    return checked
+
+
+def format_bytes(count: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(count) >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count:.0f} B"
+
+
+def format_report(report: Mapping[str, Any]) -> str:
+    """The human-readable form of a report: a table per loader, ratios, goals."""
+    machine = report["machine"]
+    memory = machine.get("memory_total_bytes")
+    lines = [
+        f"leanloader bench {report['scenario']} ({report['size']}): {report['description']}",
+        f"machine: {machine['cpu_model']}, {machine['cpu_cores_usable']} cores, "
+        f"{format_bytes(memory) if memory else '? memory'}, {machine['kernel']}, "
+        f"Python {machine['python']}, numpy {machine['numpy']}, torch {machine['torch']}",
+        f"rounds: {len(report['rounds'])}, alternating "
+        + ", ".join(report["rounds"][0])
+        + "; medians",
+        "",
+    ]
+    header = (
+        "loader",
+        "samples/s",
+        "first batch",
+        "peak unreclaimable",
+        "above start",
+        "peak PSS",
+        "CPU s/1k samples",
+        "GB/s",
+        "of memcpy",
+    )
+    table = [header]
+    for result in report["results"]:
+        table.append(
+            (
+                result.get("key", result["loader"]),
+                f"{result['samples_per_s']:,.0f}",
+                f"{result['first_batch_s']:.3f} s",
+                format_bytes(result["peak_unreclaimable_bytes"]),
+                format_bytes(result["loader_unreclaimable_bytes"]),
+                format_bytes(result["peak_pss_bytes"]),
+                f"{result['cpu_s_per_1k_samples']:.2f}",
+                f"{result['bytes_per_s'] / 1e9:.2f}",
+                f"{result['fraction_of_memcpy']:.0%} of {result['memcpy_bytes_per_s'] / 1e9:.1f}",
+            )
+        )
+    for name, figures in report["ratios"].items():
+        table.append(
+            (
+                name,
+                f"{figures['samples_per_s']:.2f}×",
+                f"{figures['first_batch_s']:.2f}×",
+                f"{figures['peak_unreclaimable_bytes']:.2f}×",
+                f"{figures['loader_unreclaimable_bytes']:.2f}×",
+                f"{figures['peak_pss_bytes']:.2f}×",
+                f"{figures['cpu_s_per_1k_samples']:.2f}×",
+                "",
+                "",
+            )
+        )
+    lines.extend(format_table(table))
+    lines.append(
+        "unreclaimable = Pss_Anon + Pss_Shmem over the process tree; "
+        "above start = the peak minus the tree after imports, before the loader"
+    )
+    for skipped in report["skipped"]:
+        lines.append(f"skipped {skipped['loader']}: {skipped['reason']}")
+    if report["goals"]:
+        lines.append("")
+        lines.append("goals:")
+        for goal in report["goals"]:
+            if goal["met"] is None:
+                verdict, value = "not measured", ""
+            else:
+                verdict = "met" if goal["met"] else "NOT met"
+                value = f"{goal['value']:.2f}"
+            lines.append(f"  {goal['goal']:<40} {value:>8}  {verdict}")
+    return "\n".join(lines)
+
+
+def format_table(rows: list[tuple[str, ...]]) -> list[str]:
+    """Left-aligned first column, right-aligned others."""
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    lines = []
+    for row in rows:
+        cells = [row[0].ljust(widths[0])]
+        cells += [cell.rjust(width) for cell, width in zip(row[1:], widths[1:], strict=True)]
+        lines.append("  ".join(cells).rstrip())
+    return lines

@@ -1,0 +1,207 @@
+"""Scenario `arrays`: shuffled batches of rows from one large .npy file.
+
+Data: a .npy of float32 rows of 256 KiB (65,536 values), 2 GiB in the full
+size. Batch 64, shuffled.
+
+- ``leanloader``: ``NpySource`` (memory-mapped) with 2 native threads that
+  copy each row straight into its batch slot.
+- ``torch``: ``torch.utils.data.DataLoader(num_workers=2)`` over a Dataset that
+  indexes the rows of ``np.load(path, mmap_mode="r")``, default collate,
+  configured as its documentation recommends: persistent workers, default
+  prefetch factor, a seeded generator for the shuffle.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import warnings
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from leanloader.bench.scenarios import Goal, LoaderContext, LoaderRun, Scenario
+
+ROW_VALUES = 65_536  # float32 values per row: 256 KiB
+ROW_BYTES = ROW_VALUES * 4
+BATCH_SIZE = 64
+THREADS = 2
+FIELD = "features"  # NpySource names its one field after the file stem
+
+# Rows generated per write: 16 MiB, so that generation never holds the file
+# in memory.
+_ROWS_PER_CHUNK = 64
+
+
+def prepare(data_dir: Path, size: Mapping[str, Any]) -> dict[str, Any]:
+    rows = int(size["rows"])
+    folder = Path(data_dir) / f"arrays-{rows}x{ROW_VALUES}-float32"
+    path = folder / f"{FIELD}.npy"
+    if not _is_complete(path, rows):
+        folder.mkdir(parents=True, exist_ok=True)
+        _write_rows(path, rows)
+    return {"path": str(path), "rows": rows, "bytes_per_sample": ROW_BYTES}
+
+
+def _is_complete(path: Path, rows: int) -> bool:
+    try:
+        array = np.load(path, mmap_mode="r")
+    except (OSError, ValueError):
+        return False
+    return array.shape == (rows, ROW_VALUES) and array.dtype == np.float32
+
+
+def _write_rows(path: Path, rows: int) -> None:
+    # Written under a temporary name and renamed, so an interrupted run never
+    # leaves a file that _is_complete accepts.
+    partial = path.with_name(f"{path.name}.partial-{os.getpid()}")
+    rng = np.random.default_rng(0)
+    try:
+        array = np.lib.format.open_memmap(
+            partial, mode="w+", dtype=np.float32, shape=(rows, ROW_VALUES)
+        )
+        for start in range(0, rows, _ROWS_PER_CHUNK):
+            stop = min(start + _ROWS_PER_CHUNK, rows)
+            array[start:stop] = rng.random((stop - start, ROW_VALUES), dtype=np.float32)
+        array.flush()
+        del array
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def iterate_leanloader(context: LoaderContext) -> Iterator[Any]:
+    import leanloader as ll
+
+    source = ll.NpySource(context.data["path"])
+    loader = ll.Loader(
+        source,
+        batch_size=BATCH_SIZE,
+        shuffle=True,
+        seed=context.seed,
+        num_threads=THREADS,
+        prefetch=2,
+        output=context.options["output"],
+    )
+    try:
+        for epoch in range(int(context.size["epochs"])):
+            loader.set_epoch(epoch)
+            yield from loader
+    finally:
+        loader.close()
+
+
+class NpyRowDataset:
+    """The rows of a .npy file, as a torch map-style Dataset would index them.
+
+    The file is memory-mapped lazily, on the first ``__getitem__`` in the
+    process that runs it (each DataLoader worker): a ``np.memmap`` pickles by
+    copying its whole contents, so a map opened in ``__init__`` would be
+    copied into every worker under spawn/forkserver. Indexing returns the
+    mapped row itself, so default collate copies it once, straight into the
+    shared-memory batch, which is the baseline's fastest path.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.length = int(np.load(path, mmap_mode="r").shape[0])
+        self._rows: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        if self._rows is None:
+            self._rows = np.load(self.path, mmap_mode="r")
+        return self._rows[index]
+
+
+def iterate_torch(context: LoaderContext) -> Iterator[Any]:
+    import torch
+    from torch.utils.data import DataLoader
+
+    # torch.as_tensor warns once per worker that a read-only memmap row is not
+    # writable; collate only reads it.
+    warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+    loader = DataLoader(
+        NpyRowDataset(context.data["path"]),
+        batch_size=BATCH_SIZE,
+        shuffle=True,
+        num_workers=THREADS,
+        persistent_workers=True,
+        generator=torch.Generator().manual_seed(context.seed),
+    )
+    try:
+        for _epoch in range(int(context.size["epochs"])):
+            yield from loader
+    finally:
+        # Dropping the last reference shuts the persistent workers down and
+        # joins them, so their CPU time reaches this process's rusage.
+        del loader
+
+
+def _describe_size(size: Mapping[str, Any]) -> str:
+    rows = int(size["rows"])
+    gib = rows * ROW_BYTES / 2**30
+    epochs = int(size["epochs"])
+    return (
+        f"{rows} rows × 256 KiB float32 ({gib:.2g} GiB), batch {BATCH_SIZE}, shuffled, "
+        f"{epochs} epoch{'s' if epochs != 1 else ''}"
+    )
+
+
+# leanloader hands out torch tensors like the baseline when torch is
+# installed, NumPy arrays otherwise (the demo still runs without torch).
+_OUTPUT = "torch" if importlib.util.find_spec("torch") is not None else "numpy"
+
+SCENARIO = Scenario(
+    name="arrays",
+    description="shuffled batches of 256 KiB float32 rows from one memory-mapped .npy",
+    sizes={
+        "full": {"rows": 8192, "epochs": 3},
+        "quick": {"rows": 1024, "epochs": 3},
+        "demo": {"rows": 1024, "epochs": 2},
+    },
+    prepare=prepare,
+    loaders=(
+        LoaderRun(
+            name="leanloader",
+            function=iterate_leanloader,
+            threads=THREADS,
+            imports=("leanloader", "torch") if _OUTPUT == "torch" else ("leanloader",),
+            options={"output": _OUTPUT},
+            row_options=("output",),
+            label=f"leanloader, {THREADS} threads",
+        ),
+        LoaderRun(
+            name="torch",
+            function=iterate_torch,
+            threads=THREADS,
+            imports=("torch",),
+            label=f"torch DataLoader, {THREADS} worker processes",
+        ),
+    ),
+    ratios=(("leanloader", "torch"),),
+    goals=(
+        Goal("samples/s ≥ 3× torch", "samples_per_s", at_least=3.0, ratio="leanloader/torch"),
+        Goal(
+            "peak unreclaimable memory ≤ ½ torch",
+            "peak_unreclaimable_bytes",
+            at_most=0.5,
+            ratio="leanloader/torch",
+        ),
+        Goal(
+            "time to first batch ≤ ⅕ torch", "first_batch_s", at_most=0.2, ratio="leanloader/torch"
+        ),
+        Goal(
+            "batch assembly ≥ 60% of memcpy",
+            "fraction_of_memcpy",
+            at_least=0.6,
+            loader="leanloader",
+        ),
+    ),
+    warm_files=lambda data: [data["path"]],
+    describe_size=_describe_size,
+)

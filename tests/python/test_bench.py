@@ -1,0 +1,216 @@
+"""The benchmark harness, `leanloader bench` and `leanloader demo`, end to end
+with tiny data. These check what the reports contain, not how fast anything is."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from leanloader.bench import harness
+from leanloader.bench.scenarios import LoaderRun, Scenario, get_scenario, scenario_names
+
+needs_torch = pytest.mark.skipif(
+    importlib.util.find_spec("torch") is None, reason="the baseline loader needs torch"
+)
+
+# 128 rows of 256 KiB: 32 MiB, two batches of 64 per epoch.
+TINY_ROWS = 128
+
+
+def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "leanloader.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def quick_report(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    pytest.importorskip("torch")
+    data_dir = tmp_path_factory.mktemp("bench-data")
+    completed = run_cli(
+        "bench", "arrays", "--quick", "--json", "--data-dir", str(data_dir),
+        "--set", f"rows={TINY_ROWS}", "--set", "epochs=2",
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr
+    return json.loads(completed.stdout)
+
+
+def test_report_has_the_documented_keys(quick_report: dict) -> None:
+    for key in ("scenario", "machine", "results", "ratios", "rounds", "goals"):
+        assert key in quick_report
+    assert quick_report["scenario"] == "arrays"
+    assert quick_report["size"] == "quick"
+    machine = quick_report["machine"]
+    for key in ("cpu_model", "cpu_cores", "memory_total_bytes", "kernel", "python", "numpy"):
+        assert machine[key]
+    assert machine["torch"]
+
+
+def test_both_loaders_report_every_figure(quick_report: dict) -> None:
+    results = {result["loader"]: result for result in quick_report["results"]}
+    assert set(results) == {"leanloader", "torch"}
+    for result in results.values():
+        assert result["rounds"] >= 3
+        assert result["threads"] == 2
+        assert result["samples"] == 2 * TINY_ROWS  # two epochs
+        for figure in (
+            "samples_per_s",
+            "first_batch_s",
+            "peak_unreclaimable_bytes",
+            "peak_pss_bytes",
+            "cpu_s_per_1k_samples",
+            "bytes_per_s",
+            "memcpy_bytes_per_s",
+            "fraction_of_memcpy",
+        ):
+            value = result[figure]
+            assert math.isfinite(value) and value > 0, (result["loader"], figure, value)
+        assert result["peak_pss_bytes"] >= result["peak_unreclaimable_bytes"]
+        assert 0 < result["start_unreclaimable_bytes"] <= result["peak_unreclaimable_bytes"]
+    # The torch baseline runs worker processes and the sampler sees them.
+    assert results["torch"]["peak_processes"] >= 3
+    assert results["leanloader"]["peak_processes"] == 1
+
+
+def test_ratios_divide_the_medians(quick_report: dict) -> None:
+    results = {result["loader"]: result for result in quick_report["results"]}
+    ratios = quick_report["ratios"]["leanloader/torch"]
+    for figure in ("samples_per_s", "first_batch_s", "peak_unreclaimable_bytes", "peak_pss_bytes"):
+        expected = results["leanloader"][figure] / results["torch"][figure]
+        assert ratios[figure] == pytest.approx(expected)
+    assert ratios["cpu_s_per_1k_samples"] > 0
+
+
+def test_loaders_alternate_for_at_least_three_rounds(quick_report: dict) -> None:
+    rounds = quick_report["rounds"]
+    assert len(rounds) >= 3
+    assert all(order == ["leanloader", "torch"] for order in rounds)
+
+
+def test_goals_are_checked(quick_report: dict) -> None:
+    goals = {goal["figure"]: goal for goal in quick_report["goals"]}
+    assert set(goals) == {
+        "samples_per_s",
+        "peak_unreclaimable_bytes",
+        "first_batch_s",
+        "fraction_of_memcpy",
+    }
+    assert all(isinstance(goal["met"], bool) for goal in goals.values())
+
+
+def test_data_is_generated_once_and_reused(tmp_path: Path) -> None:
+    scenario = get_scenario("arrays")
+    size = {"rows": 8, "epochs": 1}
+    data = scenario.prepare(tmp_path, size)
+    path = Path(data["path"])
+    assert path.name == "features.npy"
+    modified = path.stat().st_mtime_ns
+    assert scenario.prepare(tmp_path, size) == data
+    assert path.stat().st_mtime_ns == modified
+    assert [p.name for p in path.parent.iterdir()] == ["features.npy"]  # no partial files left
+
+
+def test_fewer_than_three_rounds_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="rounds"):
+        harness.run_scenario(get_scenario("arrays"), "quick", rounds=2, data_dir=tmp_path)
+    completed = run_cli("bench", "arrays", "--rounds", "2", "--data-dir", str(tmp_path))
+    assert completed.returncode != 0
+
+
+def test_unknown_scenario_is_refused() -> None:
+    assert "arrays" in scenario_names()
+    with pytest.raises(ValueError, match="unknown scenario"):
+        get_scenario("no-such-scenario")
+
+
+def test_human_report_has_a_row_per_loader_and_ratio(quick_report: dict) -> None:
+    text = harness.format_report(quick_report)
+    lines = text.splitlines()
+    assert lines[0].startswith("leanloader bench arrays (quick)")
+    assert any(line.startswith("leanloader ") for line in lines)
+    assert any(line.startswith("torch ") for line in lines)
+    assert any(line.startswith("leanloader/torch ") for line in lines)
+    assert "goals:" in text
+
+
+@needs_torch
+def test_demo_runs_end_to_end(tmp_path: Path) -> None:
+    completed = run_cli("demo", "--dir", str(tmp_path), "--rows", "64")
+    assert completed.returncode == 0, completed.stderr
+    for text in ("samples per second", "time to first batch", "private memory", "file cache"):
+        assert text in completed.stdout
+    assert "torch DataLoader" in completed.stdout
+    assert "leanloader vs torch" in completed.stdout
+
+
+def test_demo_without_torch_shows_leanloader_alone(tmp_path: Path) -> None:
+    # torch is hidden from the parent; the leanloader child then asks for
+    # NumPy output and never imports torch either.
+    program = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from leanloader.cli import main\n"
+        f"sys.exit(main(['demo', '--dir', {str(tmp_path)!r}, '--rows', '64']))\n"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", program],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert "leanloader" in completed.stdout
+    assert "torch DataLoader" in completed.stdout  # named in the note about the baseline
+    assert "needs torch" in completed.stdout
+    assert "samples per second" in completed.stdout
+
+
+def test_scenario_run_keys_must_be_unique() -> None:
+    arrays = get_scenario("arrays")
+    torch_run = arrays.loader("torch")
+    with pytest.raises(ValueError, match="unique"):
+        Scenario(
+            name="twice",
+            description="",
+            sizes=arrays.sizes,
+            prepare=arrays.prepare,
+            loaders=(torch_run, torch_run),
+            ratios=(),
+        )
+    # A key tells two runs of one loader apart (e.g. at 2 and 4 workers).
+    four_workers = LoaderRun(
+        name="torch", function=torch_run.function, threads=4, options={"workers": 4}, key="torch-4"
+    )
+    scenario = Scenario(
+        name="workers",
+        description="",
+        sizes=arrays.sizes,
+        prepare=arrays.prepare,
+        loaders=(torch_run, four_workers),
+        ratios=(("torch-4", "torch"),),
+    )
+    assert scenario.loader("torch-4").threads == 4
+
+
+def test_memcpy_bandwidth_is_positive_and_checks_arguments() -> None:
+    from leanloader import _core
+
+    for threads in (1, 2):
+        bytes_per_second = _core.measure_memcpy_bandwidth(threads, 1 << 20, 3)
+        assert math.isfinite(bytes_per_second) and bytes_per_second > 0
+    with pytest.raises(ValueError):
+        _core.measure_memcpy_bandwidth(0)
+    with pytest.raises(ValueError):
+        _core.measure_memcpy_bandwidth(1, 1 << 20, 0)
