@@ -40,7 +40,8 @@ nb::dict batch_to_dict(const Source& source, Batch& batch, OutputFramework frame
       out[fields[f].name.c_str()] = tensor_to_python(batch.stacked[f], framework);
     } else {
       nb::list items;
-      for (const Tensor& tensor : batch.listed[f]) items.append(tensor_to_python(tensor, framework));
+      for (const Tensor& tensor : batch.listed[f])
+        items.append(tensor_to_python(tensor, framework));
       out[fields[f].name.c_str()] = items;
     }
   }
@@ -94,7 +95,7 @@ void bind_loader(nb::module_& m) {
           [](Loader* self, std::shared_ptr<Source> source, int64_t batch_size, bool shuffle,
              uint64_t seed, int num_threads, int prefetch, std::optional<size_t> memory_budget,
              bool drop_last, const std::string& on_error, double max_skip_fraction,
-             const std::string& collate) {
+             const std::string& collate, std::optional<size_t> pressure_threshold) {
             LoaderOptions options;
             options.batch_size = batch_size;
             options.shuffle = shuffle;
@@ -106,12 +107,13 @@ void bind_loader(nb::module_& m) {
             options.on_error = parse_on_error(on_error);
             options.max_skip_fraction = max_skip_fraction;
             options.collate = parse_collate(collate);
+            options.pressure_threshold = pressure_threshold;
             new (self) Loader(std::move(source), options);
           },
           nb::arg("source"), nb::arg("batch_size"), nb::arg("shuffle"), nb::arg("seed"),
           nb::arg("num_threads"), nb::arg("prefetch"), nb::arg("memory_budget").none(),
           nb::arg("drop_last"), nb::arg("on_error"), nb::arg("max_skip_fraction"),
-          nb::arg("collate"))
+          nb::arg("collate"), nb::arg("pressure_threshold").none() = nb::none())
       .def("__len__", &Loader::num_batches)
       .def("set_epoch", &Loader::set_epoch, nb::arg("epoch"))
       .def_prop_ro("epoch", &Loader::epoch)
@@ -143,9 +145,15 @@ void bind_loader(nb::module_& m) {
         out["resident_bytes"] = s.resident_bytes;
         out["num_threads"] = s.num_threads;
         out["prefetch"] = s.prefetch;
+        out["window"] = s.window;
+        out["under_pressure"] = s.under_pressure;
+        out["pressure_events"] = s.pressure_events;
+        out["pressure_threshold"] = s.pressure_threshold;
         return out;
       });
 
+  m.def("auto_memory_budget", &auto_memory_budget,
+        "Bytes memory_budget='auto' stands for: a quarter of the available memory (cgroup-aware).");
   m.def("parse_byte_size", &parse_byte_size, nb::arg("text"),
         "Bytes in '4GiB', '512MB', '1.5 GB' or '1024'.");
 }

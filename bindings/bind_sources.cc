@@ -43,11 +43,12 @@ Tensor view_of(const CpuArray& array, const std::string& name) {
     shape.push_back(static_cast<int64_t>(array.shape(i)));
     strides.push_back(array.stride(i));
     if (array.stride(i) < 0) {
-      throw nb::value_error(("array '" + name +
-                             "' has negative strides; pass a copy (np.ascontiguousarray)")
-                                .c_str());
+      throw nb::value_error(
+          ("array '" + name + "' has negative strides; pass a copy (np.ascontiguousarray)")
+              .c_str());
     }
-    if (array.shape(i) > 0) last_byte += (array.shape(i) - 1) * static_cast<size_t>(array.stride(i));
+    if (array.shape(i) > 0)
+      last_byte += (array.shape(i) - 1) * static_cast<size_t>(array.stride(i));
   }
   const size_t extent = array.size() == 0 ? 0 : (last_byte + 1) * dtype_size(*dtype);
   auto* keep_alive = new CpuArray(array);

@@ -23,9 +23,8 @@ namespace {
 // the array's owner and drops it (with the GIL held) when the array dies.
 nb::capsule storage_owner(const std::shared_ptr<Storage>& storage) {
   auto* reference = new std::shared_ptr<Storage>(storage);
-  return nb::capsule(reference, [](void* p) noexcept {
-    delete static_cast<std::shared_ptr<Storage>*>(p);
-  });
+  return nb::capsule(reference,
+                     [](void* p) noexcept { delete static_cast<std::shared_ptr<Storage>*>(p); });
 }
 
 bool numpy_supports(DType dtype) {
@@ -75,7 +74,8 @@ nb::object tensor_to_python(const Tensor& tensor, OutputFramework framework) {
 
 void bind_tensor(nb::module_& m) {
   m.def(
-      "dtype_names", [] {
+      "dtype_names",
+      [] {
         std::vector<std::string> names;
         for (const DType dtype : kAllDTypes) names.emplace_back(dtype_name(dtype));
         return names;

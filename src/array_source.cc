@@ -15,8 +15,8 @@ ArraySource::ArraySource(std::vector<Field> fields) : arrays_(std::move(fields))
     const int64_t rows = field.array.shape()[0];
     if (rows_ >= 0 && rows != rows_) {
       throw InvalidArgument("ArraySource fields disagree on the number of samples: '" +
-                            arrays_.front().name + "' has " + std::to_string(rows_) +
-                            " rows, '" + field.name + "' has " + std::to_string(rows));
+                            arrays_.front().name + "' has " + std::to_string(rows_) + " rows, '" +
+                            field.name + "' has " + std::to_string(rows));
     }
     rows_ = rows;
     Shape row_shape(field.array.shape().begin() + 1, field.array.shape().end());
@@ -35,8 +35,8 @@ void ArraySource::read_sample(int64_t index, SampleWriter& writer) const {
     const Shape& row_shape = *specs_[f].shape;
     const Shape row_strides(array.strides().begin() + 1, array.strides().end());
     const size_t itemsize = dtype_size(array.dtype());
-    const std::byte* row =
-        array.data() + static_cast<size_t>(index) * static_cast<size_t>(array.strides()[0]) * itemsize;
+    const std::byte* row = array.data() + static_cast<size_t>(index) *
+                                              static_cast<size_t>(array.strides()[0]) * itemsize;
     const std::span<std::byte> dst = writer.field_buffer(f, row_shape);
     copy_strided(row, row_shape, row_strides, itemsize, dst.data());
   }

@@ -25,11 +25,14 @@ std::shared_ptr<BatchPool> BatchPool::create(size_t slot_bytes, size_t num_slots
   return pool;
 }
 
-std::shared_ptr<Storage> BatchPool::acquire() {
+std::shared_ptr<Storage> BatchPool::acquire(std::chrono::milliseconds patience) {
   std::shared_ptr<HeapStorage> block;
   bool overflow = false;
   {
-    std::lock_guard lock(mutex_);
+    std::unique_lock lock(mutex_);
+    if (free_.empty() && created_ >= num_slots_ && patience.count() > 0) {
+      returned_.wait_for(lock, patience, [&] { return !free_.empty() || created_ < num_slots_; });
+    }
     if (!free_.empty()) {
       block = std::move(free_.back());
       free_.pop_back();
@@ -65,13 +68,16 @@ std::shared_ptr<Storage> BatchPool::acquire() {
 }
 
 void BatchPool::release(std::shared_ptr<HeapStorage> block, bool overflow) noexcept {
-  std::lock_guard lock(mutex_);
-  if (overflow) {
-    --overflow_in_use_;
-    return;  // `block` is freed as it goes out of scope
+  {
+    std::lock_guard lock(mutex_);
+    if (overflow) {
+      --overflow_in_use_;
+      return;  // `block` is freed as it goes out of scope
+    }
+    --in_use_;
+    free_.push_back(std::move(block));
   }
-  --in_use_;
-  free_.push_back(std::move(block));
+  returned_.notify_one();
 }
 
 size_t BatchPool::slots_in_use() const {
@@ -92,6 +98,18 @@ uint64_t BatchPool::overflow_total() const {
 size_t BatchPool::resident_bytes() const {
   std::lock_guard lock(mutex_);
   return (created_ + overflow_in_use_) * slot_bytes_;
+}
+
+size_t BatchPool::trim() {
+  std::vector<std::shared_ptr<HeapStorage>> idle;
+  {
+    std::lock_guard lock(mutex_);
+    idle.swap(free_);
+    free_.reserve(num_slots_);
+    created_ -= idle.size();
+  }
+  returned_.notify_all();            // trimmed slots may be created again
+  return idle.size() * slot_bytes_;  // the blocks are unmapped as `idle` dies
 }
 
 bool BatchPool::take_overflow_warning() {

@@ -61,7 +61,8 @@ void Executor::run(std::shared_ptr<Job> job, std::chrono::milliseconds quiesce) 
   std::shared_ptr<Job> previous;
   {
     std::unique_lock lock(state_->mutex);
-    if (state_->stop) throw Error("the loader's worker threads were shut down (close() was called)");
+    if (state_->stop)
+      throw Error("the loader's worker threads were shut down (close() was called)");
     previous = std::move(state_->job);
     if (previous != nullptr) {
       previous->cancel();
@@ -75,7 +76,8 @@ void Executor::run(std::shared_ptr<Job> job, std::chrono::milliseconds quiesce) 
   previous.reset();
   {
     std::lock_guard lock(state_->mutex);
-    if (state_->stop) throw Error("the loader's worker threads were shut down (close() was called)");
+    if (state_->stop)
+      throw Error("the loader's worker threads were shut down (close() was called)");
     state_->job = std::move(job);
     ++state_->generation;
   }

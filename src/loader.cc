@@ -5,19 +5,28 @@
 
 #include "detail/epoch_run.h"
 #include "leanloader/error.h"
+#include "leanloader/memory_monitor.h"
 
 namespace leanloader {
 
 namespace {
 
-size_t round_up(size_t value, size_t multiple) { return (value + multiple - 1) / multiple * multiple; }
+size_t round_up(size_t value, size_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
 
 // collate=list slots hold variable-sized samples; size them for twice the
 // typical batch so that ordinary variation fits, and round to whole pages.
 constexpr size_t kListSlotHeadroom = 2;
 constexpr size_t kPageBytes = 4096;
+// Default pressure threshold: this fraction of the memory the process can use.
+constexpr double kDefaultPressureFraction = 0.10;
 
 }  // namespace
+
+size_t auto_memory_budget() {
+  return static_cast<size_t>(kAutoBudgetFraction * static_cast<double>(available_memory_bytes()));
+}
 
 Loader::Loader(std::shared_ptr<const Source> source, LoaderOptions options)
     : source_(std::move(source)),
@@ -26,7 +35,8 @@ Loader::Loader(std::shared_ptr<const Source> source, LoaderOptions options)
       counters_(std::make_shared<detail::LoaderCounters>()) {
   if (source_ == nullptr) throw InvalidArgument("Loader needs a source");
   if (options_.batch_size < 1) {
-    throw InvalidArgument("batch_size must be at least 1, got " + std::to_string(options_.batch_size));
+    throw InvalidArgument("batch_size must be at least 1, got " +
+                          std::to_string(options_.batch_size));
   }
   if (options_.prefetch < 1) {
     throw InvalidArgument("prefetch must be at least 1, got " + std::to_string(options_.prefetch));
@@ -55,9 +65,9 @@ Loader::Loader(std::shared_ptr<const Source> source, LoaderOptions options)
   }
   slot_bytes_ = round_up(std::max<size_t>(slot_bytes_, 1), kPageBytes);
 
-  // Slots: `prefetch` batches being prepared, one held by the consumer while
-  // it asks for the next, and one spare so that workers need not wait for
-  // the consumer to drop its batch.
+  // Slots: `prefetch` batches being prepared, the batch just delivered, and
+  // the previous one, which a `for` loop still holds until the new one is
+  // bound to its variable.
   num_slots_ = static_cast<size_t>(options_.prefetch) + 2;
   if (options_.memory_budget.has_value()) {
     const size_t affordable = *options_.memory_budget / slot_bytes_;
@@ -70,8 +80,26 @@ Loader::Loader(std::shared_ptr<const Source> source, LoaderOptions options)
     num_slots_ = std::min(num_slots_, affordable);
   }
   prefetch_ = static_cast<int>(std::min<size_t>(static_cast<size_t>(options_.prefetch),
-                                                std::max<size_t>(1, num_slots_ - 1)));
+                                                std::max<size_t>(1, num_slots_ - 2)));
   pool_ = BatchPool::create(slot_bytes_, num_slots_);
+
+  pressure_ = std::make_shared<detail::PressureState>();
+  pressure_->available_memory = options_.available_memory;
+  if (!pressure_->available_memory) {
+    pressure_->available_memory = [] { return static_cast<size_t>(available_memory_bytes()); };
+  }
+  if (options_.pressure_threshold.has_value()) {
+    pressure_->threshold = *options_.pressure_threshold;
+  } else {
+    try {
+      pressure_->threshold = static_cast<size_t>(
+          kDefaultPressureFraction * static_cast<double>(MemoryMonitor().total_memory_bytes()));
+    } catch (const Error&) {
+      pressure_->threshold = 0;  // no /proc/meminfo: pressure checks are off
+    }
+  }
+  pressure_->prefetch = prefetch_;
+  pressure_->window = prefetch_;
   executor_ = std::make_unique<Executor>(options_.num_threads);
 }
 
@@ -85,8 +113,8 @@ int64_t Loader::num_batches() const noexcept {
 
 std::unique_ptr<EpochIterator> Loader::iterate() {
   if (closed_) throw Error("the Loader is closed");
-  detail::RunPlan plan{source_,       pool_,       counters_, options_,     sampler_, epoch_,
-                       num_batches(), 0,           prefetch_, field_offsets_, row_bytes_};
+  detail::RunPlan plan{source_, pool_,         counters_, pressure_, options_,       sampler_,
+                       epoch_,  num_batches(), 0,         prefetch_, field_offsets_, row_bytes_};
   plan.num_positions = std::min(source_->size(), plan.num_batches * options_.batch_size);
   auto run = std::make_shared<detail::EpochRun>(std::move(plan));
   current_run_ = run;
@@ -116,6 +144,10 @@ LoaderStats Loader::stats() const {
   stats.resident_bytes = pool_->resident_bytes();
   stats.num_threads = options_.num_threads;
   stats.prefetch = prefetch_;
+  stats.window = pressure_->window;
+  stats.under_pressure = pressure_->under_pressure;
+  stats.pressure_events = pressure_->events;
+  stats.pressure_threshold = pressure_->threshold;
   return stats;
 }
 
@@ -163,10 +195,20 @@ size_t parse_byte_size(const std::string& text) {
     double factor;
   };
   static constexpr Unit kUnits[] = {
-      {"", 1},          {"b", 1},          {"k", 1e3},        {"kb", 1e3},
-      {"m", 1e6},       {"mb", 1e6},       {"g", 1e9},        {"gb", 1e9},
-      {"t", 1e12},      {"tb", 1e12},      {"kib", 1024.0},   {"mib", 1048576.0},
-      {"gib", 1073741824.0}, {"tib", 1099511627776.0},
+      {"", 1},
+      {"b", 1},
+      {"k", 1e3},
+      {"kb", 1e3},
+      {"m", 1e6},
+      {"mb", 1e6},
+      {"g", 1e9},
+      {"gb", 1e9},
+      {"t", 1e12},
+      {"tb", 1e12},
+      {"kib", 1024.0},
+      {"mib", 1048576.0},
+      {"gib", 1073741824.0},
+      {"tib", 1099511627776.0},
   };
   for (const Unit& candidate : kUnits) {
     if (unit == candidate.name) {

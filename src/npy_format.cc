@@ -116,7 +116,8 @@ class HeaderDictParser {
         ++pos_;
         return shape;
       }
-      if (!std::isdigit(static_cast<unsigned char>(peek()))) fail("a shape holds non-negative integers");
+      if (!std::isdigit(static_cast<unsigned char>(peek())))
+        fail("a shape holds non-negative integers");
       int64_t dim = 0;
       while (std::isdigit(static_cast<unsigned char>(peek()))) {
         const int digit = peek() - '0';
@@ -141,7 +142,8 @@ class HeaderDictParser {
     const char order = descr[0];
     const std::string_view code = std::string_view(descr).substr(1);
     if (order == '>' && code != "u1" && code != "i1" && code != "b1") {
-      fail("big-endian dtype '" + descr + "' is not supported; convert with arr.astype(arr.dtype.newbyteorder('<'))");
+      fail("big-endian dtype '" + descr +
+           "' is not supported; convert with arr.astype(arr.dtype.newbyteorder('<'))");
     }
     if (order != '<' && order != '|' && order != '=' && order != '>') {
       fail("unsupported dtype '" + descr + "'");

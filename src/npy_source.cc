@@ -8,8 +8,8 @@
 #include <algorithm>
 #include <cerrno>
 
-#include "leanloader/error.h"
 #include "detail/file_io.h"
+#include "leanloader/error.h"
 
 namespace leanloader {
 

@@ -30,8 +30,8 @@ std::shared_ptr<HeapStorage> HeapStorage::allocate(size_t size) {
     }
     return std::shared_ptr<HeapStorage>(new HeapStorage(static_cast<std::byte*>(data), size, true));
   }
-  void* data = std::aligned_alloc(kBufferAlignment,
-                                  (bytes + kBufferAlignment - 1) / kBufferAlignment * kBufferAlignment);
+  void* data = std::aligned_alloc(
+      kBufferAlignment, (bytes + kBufferAlignment - 1) / kBufferAlignment * kBufferAlignment);
   if (data == nullptr) {
     throw OutOfMemory("cannot allocate " + std::to_string(bytes) + " bytes");
   }

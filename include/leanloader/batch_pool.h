@@ -15,6 +15,8 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -29,9 +31,12 @@ class BatchPool : public std::enable_shared_from_this<BatchPool> {
  public:
   static std::shared_ptr<BatchPool> create(size_t slot_bytes, size_t num_slots);
 
-  // A slot (a pooled block, or an overflow block when all are held).
-  // Throws OutOfMemory when the memory cannot be obtained.
-  std::shared_ptr<Storage> acquire();
+  // A slot: a pooled block; when every slot is held, waits up to `patience`
+  // for one to come back (the consumer is usually about to drop its previous
+  // batch), then allocates an overflow block. Throws OutOfMemory when the
+  // memory cannot be obtained.
+  std::shared_ptr<Storage> acquire(
+      std::chrono::milliseconds patience = std::chrono::milliseconds(0));
 
   size_t slot_bytes() const noexcept { return slot_bytes_; }
   size_t num_slots() const noexcept { return num_slots_; }
@@ -44,6 +49,9 @@ class BatchPool : public std::enable_shared_from_this<BatchPool> {
   size_t resident_bytes() const;
   // True exactly once, after the first overflow allocation.
   bool take_overflow_warning();
+  // Frees every idle pooled block (they are created again on demand).
+  // Returns the bytes given back to the OS.
+  size_t trim();
 
  private:
   friend class PoolSlot;
@@ -53,6 +61,7 @@ class BatchPool : public std::enable_shared_from_this<BatchPool> {
   const size_t slot_bytes_;
   const size_t num_slots_;
   mutable std::mutex mutex_;
+  std::condition_variable returned_;
   std::vector<std::shared_ptr<HeapStorage>> free_;
   size_t created_ = 0;
   size_t in_use_ = 0;

@@ -34,9 +34,9 @@ enum class DType : uint8_t {
 };
 
 inline constexpr DType kAllDTypes[] = {
-    DType::kBool,   DType::kU8,     DType::kI8,         DType::kU16,        DType::kI16,
-    DType::kU32,    DType::kI32,    DType::kU64,        DType::kI64,        DType::kF16,
-    DType::kBF16,   DType::kF32,    DType::kF64,        DType::kC64,        DType::kF8E4M3,
+    DType::kBool,   DType::kU8,         DType::kI8,         DType::kU16,    DType::kI16,
+    DType::kU32,    DType::kI32,        DType::kU64,        DType::kI64,    DType::kF16,
+    DType::kBF16,   DType::kF32,        DType::kF64,        DType::kC64,    DType::kF8E4M3,
     DType::kF8E5M2, DType::kF8E4M3Fnuz, DType::kF8E5M2Fnuz, DType::kF8E8M0,
 };
 

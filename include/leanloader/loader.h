@@ -13,6 +13,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -41,13 +42,26 @@ struct LoaderOptions {
   bool shuffle = false;
   uint64_t seed = 0;
   int num_threads = 2;
-  int prefetch = 2;  // batches prepared ahead of the consumer
+  int prefetch = 2;                     // batches prepared ahead of the consumer
   std::optional<size_t> memory_budget;  // caps slots x slot_bytes
   bool drop_last = false;
   OnError on_error = OnError::kRaise;
   double max_skip_fraction = 0.05;  // of the epoch's samples, with kSkip
   Collate collate = Collate::kStack;
+  // Below this many available bytes the loader keeps one batch in flight and
+  // gives its spare slots back; above 1.25x it returns to `prefetch`. Unset:
+  // a tenth of the memory this process can use (cgroup-aware).
+  std::optional<size_t> pressure_threshold;
+  // Where available memory is read from (cgroup-aware MemAvailable by
+  // default). Tests and embedders may supply their own reading.
+  std::function<size_t()> available_memory;
 };
+
+// The budget `memory_budget="auto"` stands for: a quarter of the memory
+// still available to this process (cgroup-aware), leaving the rest to the
+// model and the training loop.
+size_t auto_memory_budget();
+inline constexpr double kAutoBudgetFraction = 0.25;
 
 // Cumulative counters since construction (times in nanoseconds) plus the
 // current occupancy of the pool.
@@ -71,6 +85,10 @@ struct LoaderStats {
   size_t resident_bytes = 0;
   int num_threads = 0;
   int prefetch = 0;
+  int window = 0;  // batches allowed in flight now (prefetch, or 1 under pressure)
+  bool under_pressure = false;
+  uint64_t pressure_events = 0;  // times available memory fell below the threshold
+  size_t pressure_threshold = 0;
 };
 
 struct Batch {
@@ -90,6 +108,7 @@ struct SkippedSample {
 namespace detail {
 class EpochRun;
 struct LoaderCounters;
+struct PressureState;
 }  // namespace detail
 
 // One pass over an epoch. Dropping it cancels the remaining work.
@@ -161,6 +180,7 @@ class Loader {
   int prefetch_ = 0;
   std::shared_ptr<BatchPool> pool_;
   std::shared_ptr<detail::LoaderCounters> counters_;
+  std::shared_ptr<detail::PressureState> pressure_;
   std::unique_ptr<Executor> executor_;
   std::weak_ptr<detail::EpochRun> current_run_;
   uint64_t epoch_ = 0;

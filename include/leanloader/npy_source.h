@@ -41,7 +41,7 @@ class NpySource final : public Source {
     std::shared_ptr<MappedFile> file;
     NpyHeader header;
     Shape row_shape;
-    Shape row_strides;  // elements
+    Shape row_strides;    // elements
     size_t row_step = 0;  // bytes between rows
   };
 

@@ -33,6 +33,8 @@ def _budget_bytes(memory_budget: int | str | None) -> int | None:
         if memory_budget <= 0:
             raise ValueError(f"memory_budget must be positive, got {memory_budget}")
         return memory_budget
+    if memory_budget == "auto":
+        return _core.auto_memory_budget()
     return _core.parse_byte_size(str(memory_budget))
 
 
@@ -54,6 +56,13 @@ class Loader:
     sample, for samples of different shapes). ``on_error``: ``"raise"`` or
     ``"skip"`` (bad samples are dropped and reported at the end of the epoch;
     more than ``max_skip_fraction`` of the epoch raises).
+
+    ``memory_budget``: bytes (``4 << 30``), a size (``"2GiB"``) or ``"auto"`` (a
+    quarter of the memory still available to this process, cgroup-aware); it
+    caps the batch slots. ``pressure_threshold``: when available memory falls
+    below it (default: a tenth of the memory this process can use), the loader
+    keeps one batch in flight, gives idle slots back, says so once, and returns
+    to ``prefetch`` when memory recovers.
     """
 
     def __init__(
@@ -70,6 +79,7 @@ class Loader:
         on_error: str = "raise",
         max_skip_fraction: float = 0.05,
         collate: str = "stack",
+        pressure_threshold: int | str | None = None,
     ) -> None:
         self.source = as_source(source)
         self.output = output or _default_output()
@@ -90,6 +100,7 @@ class Loader:
             on_error=on_error,
             max_skip_fraction=max_skip_fraction,
             collate=collate,
+            pressure_threshold=_budget_bytes(pressure_threshold),
         )
         self.last_indices: list[int] = []
 

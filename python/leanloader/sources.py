@@ -12,7 +12,7 @@ from leanloader import _core
 Source = _core.Source
 
 
-def ArraySource(arrays: Mapping[str, Any]) -> _core.ArraySource:  # noqa: N802 (mirrors the C++ class)
+def ArraySource(arrays: Mapping[str, Any]) -> _core.ArraySource:
     """Samples are rows of in-memory arrays: row ``i`` of every array is sample ``i``.
 
     The arrays (NumPy arrays or CPU tensors) are viewed, never copied; they
@@ -23,7 +23,7 @@ def ArraySource(arrays: Mapping[str, Any]) -> _core.ArraySource:  # noqa: N802 (
     return _core.ArraySource(list(arrays.items()))
 
 
-def NpySource(  # noqa: N802
+def NpySource(
     path: str | os.PathLike | Mapping[str, str | os.PathLike], name: str | None = None
 ) -> _core.NpySource:
     """Samples from ``.npy`` files.
@@ -46,7 +46,7 @@ def NpySource(  # noqa: N802
     return _core.NpySource.from_arrays([(field, path)])
 
 
-def FileSource(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> _core.FileSource:  # noqa: N802
+def FileSource(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> _core.FileSource:
     """Each sample is the raw bytes of one file, in field ``data`` (uint8, varying length).
 
     ``paths`` is a glob pattern (``**`` recurses; matches are sorted) or a

@@ -18,9 +18,22 @@ uint64_t elapsed_ns(Clock::time_point since) {
       std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - since).count());
 }
 
-size_t round_up(size_t value, size_t multiple) { return (value + multiple - 1) / multiple * multiple; }
+size_t round_up(size_t value, size_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
 
 constexpr size_t kSkippedDetailLimit = 100;
+constexpr int64_t kPressureCheckIntervalNs = 100'000'000;  // 100 ms
+constexpr double kPressureRecovery = 1.25;                 // hysteresis
+// How long a worker waits for a slot to come back before allocating beyond
+// the pool: the consumer drops its previous batch right after it receives
+// the next one, so a short wait avoids overflowing the planned memory.
+constexpr std::chrono::milliseconds kSlotPatience(100);
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+      .count();
+}
 
 }  // namespace
 
@@ -114,6 +127,7 @@ void EpochRun::cancel() noexcept {
   }
   window_cv_.notify_all();
   ready_cv_.notify_all();
+  slot_cv_.notify_all();
 }
 
 void EpochRun::work(int /*worker*/) noexcept {
@@ -121,7 +135,8 @@ void EpochRun::work(int /*worker*/) noexcept {
     const int64_t position = next_position_.fetch_add(1);
     if (position >= plan_.num_positions) return;
     const int64_t batch = position / plan_.options.batch_size;
-    if (batch > failed_batch_.load()) return;  // an earlier batch failed; nothing after it is needed
+    if (batch > failed_batch_.load())
+      return;  // an earlier batch failed; nothing after it is needed
     if (!wait_for_window(batch)) return;
     process_sample(position);
   }
@@ -129,60 +144,115 @@ void EpochRun::work(int /*worker*/) noexcept {
 
 bool EpochRun::wait_for_window(int64_t batch) {
   std::unique_lock lock(mutex_);
-  window_cv_.wait(lock, [&] { return cancelled_.load() || batch < delivered_ + plan_.prefetch; });
+  window_cv_.wait(lock, [&] {
+    return cancelled_.load() || batch < delivered_ + plan_.pressure->window.load();
+  });
   return !cancelled_.load();
 }
 
 EpochRun::BatchState& EpochRun::open_batch(int64_t batch, std::shared_ptr<Storage>& slot_out) {
-  std::lock_guard lock(mutex_);
+  std::unique_lock lock(mutex_);
   BatchState& state = ring_[static_cast<size_t>(batch % plan_.prefetch)];
-  if (state.batch != batch) {
-    // The entry last held batch - prefetch, which the window guarantees was
-    // delivered (moved out) already.
-    const int64_t batch_size = plan_.options.batch_size;
-    state.batch = batch;
-    state.first_position = batch * batch_size;
-    state.rows = std::min(batch_size, plan_.num_positions - state.first_position);
-    state.remaining = state.rows;
-    state.arena_cursor = 0;
-    state.indices.assign(static_cast<size_t>(state.rows), -1);
-    state.skipped.assign(static_cast<size_t>(state.rows), 0);
-    if (plan_.options.collate == Collate::kList) {
-      state.row_tensors.resize(static_cast<size_t>(state.rows));
-      for (auto& row : state.row_tensors) row.assign(plan_.source->fields().size(), Tensor());
-    }
-    state.error.reset();
-    state.error_row = -1;
-    state.ready = false;
-    state.result = Batch{};
-    ++plan_.counters->batches_in_flight;
-    try {
-      state.slot = plan_.pool->acquire();
-    } catch (...) {
-      state.slot.reset();
-      state.error = make_sample_error(
-          static_cast<int64_t>(plan_.sampler.index_at(plan_.epoch,
-                                                      static_cast<uint64_t>(state.first_position))),
-          plan_.source->describe(), "", "allocate batch slot", std::current_exception());
-      state.error_row = 0;
-      failed_batch_ = std::min(failed_batch_.load(), batch);
-    }
+  if (state.batch == batch) {
+    // Another worker opened it; wait until its slot is there.
+    slot_cv_.wait(lock, [&] { return state.slot_ready || cancelled_.load(); });
+    // Each writer holds its own reference: the slot cannot return to the pool
+    // while a sample is still being written into it, even if the run is
+    // cancelled meanwhile.
+    slot_out = state.slot;
+    return state;
   }
-  // Each writer holds its own reference: the slot cannot return to the pool
-  // while a sample is still being written into it, even if the run is
-  // cancelled meanwhile.
-  slot_out = state.slot;
+  // This worker opens the batch. The entry last held batch - prefetch, which
+  // the window guarantees was delivered (moved out) already.
+  const int64_t batch_size = plan_.options.batch_size;
+  state.batch = batch;
+  state.first_position = batch * batch_size;
+  state.rows = std::min(batch_size, plan_.num_positions - state.first_position);
+  state.remaining = state.rows;
+  state.arena_cursor = 0;
+  state.indices.assign(static_cast<size_t>(state.rows), -1);
+  state.skipped.assign(static_cast<size_t>(state.rows), 0);
+  if (plan_.options.collate == Collate::kList) {
+    state.row_tensors.resize(static_cast<size_t>(state.rows));
+    for (auto& row : state.row_tensors) row.assign(plan_.source->fields().size(), Tensor());
+  }
+  state.error.reset();
+  state.error_row = -1;
+  state.slot_ready = false;
+  state.ready = false;
+  state.result = Batch{};
+  ++plan_.counters->batches_in_flight;
+  lock.unlock();
+
+  // Take the slot outside the lock: it may wait for the consumer to drop a
+  // batch, and the consumer must not be blocked meanwhile.
+  std::shared_ptr<Storage> slot;
+  std::optional<SampleError> failure;
+  try {
+    slot = plan_.pool->acquire(kSlotPatience);
+  } catch (...) {
+    failure = make_sample_error(static_cast<int64_t>(plan_.sampler.index_at(
+                                    plan_.epoch, static_cast<uint64_t>(state.first_position))),
+                                plan_.source->describe(), "", "allocate batch slot",
+                                std::current_exception());
+  }
+  lock.lock();
+  if (failure) {
+    state.error = std::move(failure);
+    state.error_row = 0;
+    failed_batch_ = std::min(failed_batch_.load(), batch);
+  }
+  if (!cancelled_.load()) state.slot = slot;  // cancel() gave the ring's slots back already
+  state.slot_ready = true;
+  slot_out = std::move(slot);
+  lock.unlock();
+  slot_cv_.notify_all();
   return state;
+}
+
+void EpochRun::check_pressure() {
+  PressureState& pressure = *plan_.pressure;
+  if (!pressure.available_memory || pressure.threshold == 0) return;
+  const int64_t now = now_ns();
+  int64_t due = pressure.next_check_ns.load();
+  if (now < due ||
+      !pressure.next_check_ns.compare_exchange_strong(due, now + kPressureCheckIntervalNs)) {
+    return;  // not due, or another thread is checking
+  }
+  const size_t available = pressure.available_memory();
+  if (!pressure.under_pressure && available < pressure.threshold) {
+    pressure.under_pressure = true;
+    ++pressure.events;
+    pressure.window = 1;
+    const size_t freed = plan_.pool->trim();
+    if (!pressure.warned.exchange(true)) {
+      pressure.last_message =
+          "memory pressure: " + std::to_string(available >> 20) + " MiB available, below the " +
+          std::to_string(pressure.threshold >> 20) +
+          " MiB threshold; the loader keeps one batch in "
+          "flight (instead of " +
+          std::to_string(pressure.prefetch) + ") and gave back " + std::to_string(freed >> 20) +
+          " MiB of idle batch slots until memory recovers";
+      pressure.warning_pending = true;
+    }
+  } else if (pressure.under_pressure &&
+             static_cast<double>(available) >
+                 kPressureRecovery * static_cast<double>(pressure.threshold)) {
+    pressure.under_pressure = false;
+    pressure.window = pressure.prefetch;
+    window_cv_.notify_all();
+  }
 }
 
 void EpochRun::process_sample(int64_t position) {
   const int64_t batch = position / plan_.options.batch_size;
+  if (position % plan_.options.batch_size == 0) check_pressure();
   std::shared_ptr<Storage> slot;
   BatchState& state = open_batch(batch, slot);
   const int64_t row = position - state.first_position;
-  const auto index = static_cast<int64_t>(plan_.options.shuffle
-                                              ? permutation_(static_cast<uint64_t>(position))
-                                              : static_cast<uint64_t>(position));
+  const auto index =
+      static_cast<int64_t>(plan_.options.shuffle ? permutation_(static_cast<uint64_t>(position))
+                                                 : static_cast<uint64_t>(position));
   state.indices[static_cast<size_t>(row)] = index;
 
   if (slot == nullptr) {
@@ -196,10 +266,10 @@ void EpochRun::process_sample(int64_t position) {
     plan_.source->read_sample(index, writer);
     writer.check_complete();
   } catch (...) {
-    record_failure(state, row,
-                   make_sample_error(index, plan_.source->describe(),
-                                     plan_.source->sample_location(index), "read",
-                                     std::current_exception()));
+    record_failure(
+        state, row,
+        make_sample_error(index, plan_.source->describe(), plan_.source->sample_location(index),
+                          "read", std::current_exception()));
   }
   plan_.counters->read_ns += elapsed_ns(started);
   ++plan_.counters->samples_read;
@@ -255,10 +325,13 @@ void EpochRun::finalize(BatchState& state) {
         build_listed(state, result);
       }
     } catch (...) {
-      state.error = make_sample_error(state.indices.empty() ? -1 : state.indices[0],
-                                      plan_.source->describe(), "", "collate",
-                                      std::current_exception());
+      state.error =
+          make_sample_error(state.indices.empty() ? -1 : state.indices[0], plan_.source->describe(),
+                            "", "collate", std::current_exception());
     }
+  }
+  if (plan_.pressure->warning_pending.exchange(false)) {
+    result.warnings.push_back(plan_.pressure->last_message);
   }
   if (plan_.pool->take_overflow_warning()) {
     result.warnings.push_back(
@@ -327,8 +400,9 @@ EpochIterator::Status EpochRun::next(Batch& out, std::chrono::milliseconds timeo
   if (!arrived) return EpochIterator::Status::kTimeout;
   if (cancelled_.load()) {
     finished_ = true;
-    throw Error("this iteration was cancelled: a new iteration of the same Loader started, or "
-                "the Loader was closed");
+    throw Error(
+        "this iteration was cancelled: a new iteration of the same Loader started, or "
+        "the Loader was closed");
   }
   state.batch = -1;
   state.slot.reset();

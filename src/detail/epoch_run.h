@@ -11,9 +11,11 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "leanloader/error.h"
@@ -33,11 +35,28 @@ struct LoaderCounters {
   std::atomic<size_t> batches_in_flight{0};
 };
 
+// Memory-pressure state of one Loader, shared by its passes. The window (the
+// number of batches allowed in flight) drops to one while available memory
+// is below the threshold and returns to `prefetch` once it recovers.
+struct PressureState {
+  std::function<size_t()> available_memory;
+  size_t threshold = 0;
+  int prefetch = 1;
+  std::atomic<int> window{1};
+  std::atomic<bool> under_pressure{false};
+  std::atomic<uint64_t> events{0};
+  std::atomic<int64_t> next_check_ns{0};
+  std::atomic<bool> warning_pending{false};
+  std::atomic<bool> warned{false};
+  std::string last_message;  // written only by the thread that flips the state
+};
+
 // Everything an EpochRun needs from its Loader, fixed for the run.
 struct RunPlan {
   std::shared_ptr<const Source> source;
   std::shared_ptr<BatchPool> pool;
   std::shared_ptr<LoaderCounters> counters;
+  std::shared_ptr<PressureState> pressure;
   LoaderOptions options;
   Sampler sampler;
   uint64_t epoch = 0;
@@ -74,6 +93,7 @@ class EpochRun final : public Job {
     std::vector<std::vector<Tensor>> row_tensors;  // collate=list: [row][field]
     std::optional<SampleError> error;              // lowest failing row wins
     int64_t error_row = -1;
+    bool slot_ready = false;  // the opener has taken (or failed to take) the slot
     bool ready = false;
     Batch result;
   };
@@ -81,6 +101,9 @@ class EpochRun final : public Job {
   class RowWriter;
 
   bool wait_for_window(int64_t batch);
+  // Reads available memory at most every kPressureCheckInterval and moves
+  // the window; called when a batch is opened (never on the consumer's path).
+  void check_pressure();
   BatchState& open_batch(int64_t batch, std::shared_ptr<Storage>& slot_out);
   void process_sample(int64_t position);
   void record_failure(BatchState& state, int64_t row, SampleError error);
@@ -99,6 +122,7 @@ class EpochRun final : public Job {
   mutable std::mutex mutex_;
   std::condition_variable window_cv_;  // delivered_ advanced, or cancelled
   std::condition_variable ready_cv_;   // a batch became ready, or cancelled
+  std::condition_variable slot_cv_;    // a batch's slot was taken
   std::vector<BatchState> ring_;       // prefetch entries, batch b at b % prefetch
   int64_t delivered_ = 0;
   bool finished_ = false;

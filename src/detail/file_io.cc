@@ -30,8 +30,8 @@ File::~File() {
 void File::read_exact(size_t offset, std::span<std::byte> dst) const {
   size_t done = 0;
   while (done < dst.size()) {
-    const ssize_t n = ::pread(fd_, dst.data() + done, dst.size() - done,
-                              static_cast<off_t>(offset + done));
+    const ssize_t n =
+        ::pread(fd_, dst.data() + done, dst.size() - done, static_cast<off_t>(offset + done));
     if (n < 0) {
       if (errno == EINTR) continue;
       throw IoError("cannot read", path_, errno);

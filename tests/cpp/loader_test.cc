@@ -1,17 +1,17 @@
 #include "leanloader/loader.h"
 
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <fstream>
 #include <set>
 #include <thread>
-
-#include <gtest/gtest.h>
 
 #include "leanloader/array_source.h"
 #include "leanloader/error.h"
@@ -179,7 +179,7 @@ TEST(LoaderTest, MemoryBudgetCapsSlots) {
   capped.memory_budget = slot * 3;
   Loader loader(id_source(100), capped);
   EXPECT_EQ(loader.num_slots(), 3u);
-  EXPECT_EQ(loader.effective_prefetch(), 2);
+  EXPECT_EQ(loader.effective_prefetch(), 1);
   EXPECT_LE(loader.memory_bill(), *capped.memory_budget);
   EXPECT_EQ(ids_of(run_epoch(loader)).size(), 100u);
   capped.memory_budget = slot;
@@ -287,7 +287,8 @@ TEST(LoaderTest, ListCollateYieldsVariableLengthFiles) {
   std::vector<std::string> paths;
   for (int i = 0; i < 9; ++i) {
     paths.push_back(dir.file("f" + std::to_string(i)));
-    std::ofstream(paths.back(), std::ios::binary) << std::string(static_cast<size_t>(i * 100), char('a' + i));
+    std::ofstream(paths.back(), std::ios::binary)
+        << std::string(static_cast<size_t>(i * 100), char('a' + i));
   }
   LoaderOptions o = options(4, false, 2);
   EXPECT_THROW(Loader(std::make_shared<FileSource>(paths), o), InvalidArgument);
@@ -354,6 +355,38 @@ TEST(LoaderTest, CloseWhileAWorkerIsBlockedInAReadReturnsWithinASecond) {
   ASSERT_GE(fd, 0);
   ::close(fd);
   std::this_thread::sleep_for(200ms);
+}
+
+TEST(LoaderTest, BacksOffUnderMemoryPressureAndRecovers) {
+  std::atomic<size_t> available{size_t{1} << 40};
+  LoaderOptions o = options(10, false, 2);
+  o.prefetch = 3;
+  o.pressure_threshold = size_t{1} << 30;
+  o.available_memory = [&] { return available.load(); };
+  Loader loader(id_source(2000), o);
+  EXPECT_EQ(loader.stats().window, 3);
+  available = size_t{1} << 20;  // 1 MiB left: pressure
+  auto iterator = loader.iterate();
+  Batch batch;
+  ASSERT_EQ(iterator->next(batch, 10s), EpochIterator::Status::kBatch);
+  ASSERT_EQ(batch.warnings.size(), 1u);  // said once
+  EXPECT_NE(batch.warnings[0].find("memory pressure"), std::string::npos) << batch.warnings[0];
+  LoaderStats stats = loader.stats();
+  EXPECT_TRUE(stats.under_pressure);
+  EXPECT_EQ(stats.window, 1);
+  EXPECT_LE(stats.batches_in_flight, 1u);
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_EQ(iterator->next(batch, 10s), EpochIterator::Status::kBatch);
+    EXPECT_TRUE(batch.warnings.empty());
+    EXPECT_LE(loader.stats().batches_in_flight, 1u);
+  }
+  available = size_t{1} << 40;         // memory came back
+  std::this_thread::sleep_for(150ms);  // past the check interval
+  for (int i = 0; i < 5; ++i) ASSERT_EQ(iterator->next(batch, 10s), EpochIterator::Status::kBatch);
+  stats = loader.stats();
+  EXPECT_FALSE(stats.under_pressure);
+  EXPECT_EQ(stats.window, 3);
+  EXPECT_EQ(stats.pressure_events, 1u);
 }
 
 TEST(LoaderTest, ParsesByteSizes) {

@@ -18,7 +18,8 @@ namespace leanloader::testing {
 class TempDir {
  public:
   TempDir() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "leanloader-test-XXXXXX").string();
+    std::string pattern =
+        (std::filesystem::temp_directory_path() / "leanloader-test-XXXXXX").string();
     path_ = ::mkdtemp(pattern.data());
   }
   ~TempDir() {
@@ -53,8 +54,9 @@ inline void write_npy(const std::string& path, DType dtype, const Shape& shape, 
   std::string dims;
   for (const int64_t dim : shape) dims += std::to_string(dim) + ", ";
   if (shape.size() > 1) dims.resize(dims.size() - 2);
-  std::string header = "{'descr': '" + npy_descr(dtype) + "', 'fortran_order': " +
-                       (fortran_order ? "True" : "False") + ", 'shape': (" + dims + "), }";
+  std::string header = "{'descr': '" + npy_descr(dtype) +
+                       "', 'fortran_order': " + (fortran_order ? "True" : "False") +
+                       ", 'shape': (" + dims + "), }";
   while ((10 + header.size() + 1) % 64 != 0) header += ' ';
   header += '\n';
   std::ofstream out(path, std::ios::binary);
@@ -66,7 +68,8 @@ inline void write_npy(const std::string& path, DType dtype, const Shape& shape, 
 }
 
 template <typename T>
-void write_npy(const std::string& path, DType dtype, const Shape& shape, const std::vector<T>& values) {
+void write_npy(const std::string& path, DType dtype, const Shape& shape,
+               const std::vector<T>& values) {
   write_npy(path, dtype, shape, values.data(), values.size() * sizeof(T));
 }
 

@@ -13,9 +13,9 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import write_sample_dir
 
 import leanloader as ll
+from conftest import write_sample_dir
 
 
 def ids_of(loader):
@@ -104,9 +104,9 @@ def test_memory_stays_flat_over_30_epochs(tmp_path):
     loader = ll.Loader(
         ll.NpySource(tmp_path / "features.npy"), batch_size=64, shuffle=True, output="numpy"
     )
-    for batch in loader:  # warm up: slots created
+    for _ in loader:  # warm up: slots created
         pass
-    del batch
+    del _
     before = _unreclaimable_bytes()
     for _ in range(30):
         for batch in loader:
@@ -143,9 +143,7 @@ def test_missing_file_raises_file_not_found(tmp_path):
 
 def test_skip_reports_bad_samples_at_epoch_end(tmp_path):
     write_sample_dir(tmp_path / "s", 100, bad={3, 50})
-    loader = ll.Loader(
-        ll.NpySource(tmp_path / "s"), batch_size=10, on_error="skip", output="numpy"
-    )
+    loader = ll.Loader(ll.NpySource(tmp_path / "s"), batch_size=10, on_error="skip", output="numpy")
     with pytest.warns(RuntimeWarning, match=r"skipped 2 bad sample"):
         values = [int(v) for batch in loader for v in batch["s"][:, 0]]
     assert len(values) == 98 and 3 not in values and 50 not in values
@@ -169,8 +167,9 @@ def test_list_collate_for_variable_length_files(tmp_path):
         paths.append(path)
     with pytest.raises(ValueError, match="collate='list'"):
         ll.Loader(ll.FileSource(paths), batch_size=4)
-    loader = ll.Loader(ll.FileSource(str(tmp_path / "*.bin")), batch_size=4, collate="list",
-                       output="numpy")
+    loader = ll.Loader(
+        ll.FileSource(str(tmp_path / "*.bin")), batch_size=4, collate="list", output="numpy"
+    )
     items = [item for batch in loader for item in batch["data"]]
     assert [len(item) for item in items] == [i * 37 for i in range(10)]
     assert all((item == i).all() for i, item in enumerate(items))
@@ -186,10 +185,10 @@ def test_memory_budget_caps_the_bill(id_arrays):
 
 def test_breaking_out_and_iterating_again(id_arrays):
     loader = ll.Loader(id_arrays, batch_size=10, shuffle=True)
-    for i, batch in enumerate(loader):
+    for i, _ in enumerate(loader):
         if i == 3:
             break
-    del batch  # holding a batch of the old pass would be a batch beyond the pool
+    del _  # holding a batch of the old pass would be a batch beyond the pool
     loader.set_epoch(0)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the cancelled pass gave its slots back

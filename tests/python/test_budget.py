@@ -1,0 +1,98 @@
+"""The loader's memory budget: "auto", a hard cap that measurement confirms, pressure back-off."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import leanloader as ll
+from leanloader import _core
+
+
+def _write_rows(path, rows, row_floats):
+    array = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(rows, row_floats))
+    for start in range(0, rows, 256):
+        array[start : start + 256] = start
+    array.flush()
+    del array
+
+
+class PeakSampler:
+    """Samples this process's unreclaimable memory (Pss_Anon + Pss_Shmem) every 5 ms."""
+
+    def __init__(self):
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.peak = max(
+                self.peak, _core.process_tree_memory(os.getpid())["unreclaimable_bytes"]
+            )
+            time.sleep(0.005)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+def test_auto_budget_is_a_quarter_of_available_memory():
+    available = _core.available_memory_bytes()
+    assert 0 < _core.auto_memory_budget() <= available // 4 + 1
+    loader = ll.Loader({"x": np.zeros((100, 10), np.float32)}, batch_size=10, memory_budget="auto")
+    assert loader.memory_bill() <= _core.auto_memory_budget()
+
+
+def test_budget_is_never_exceeded_measured(tmp_path):
+    # 4 MiB rows, batch 4: 16 MiB per slot; the budget allows 3 slots of the
+    # 6 that prefetch=4 would want.
+    _write_rows(tmp_path / "rows.npy", 256, 1 << 20)
+    budget = 3 * 16 * 2**20 + 2**20
+    loader = ll.Loader(
+        ll.NpySource(tmp_path / "rows.npy"),
+        batch_size=4,
+        shuffle=True,
+        prefetch=4,
+        memory_budget=budget,
+        output="numpy",
+    )
+    assert loader.memory_bill() <= budget
+    baseline = _core.process_tree_memory(os.getpid())["unreclaimable_bytes"]
+    with PeakSampler() as sampler:
+        for batch in loader:
+            assert batch["rows"].shape == (4, 1 << 20)
+        del batch
+    growth = sampler.peak - baseline
+    assert growth <= budget + 4 * 2**20, (growth, budget)  # + interpreter noise
+    assert loader.stats()["resident_bytes"] <= budget
+
+
+def test_backs_off_when_available_memory_is_below_the_threshold(tmp_path):
+    _write_rows(tmp_path / "rows.npy", 256, 1 << 14)
+    loader = ll.Loader(
+        ll.NpySource(tmp_path / "rows.npy"),
+        batch_size=8,
+        prefetch=4,
+        pressure_threshold="1000TB",  # far above what any machine has: always under pressure
+        output="numpy",
+    )
+    with pytest.warns(RuntimeWarning, match="memory pressure") as caught:
+        for _ in loader:
+            assert loader.stats()["batches_in_flight"] <= 1
+        del _
+    assert sum("memory pressure" in str(w.message) for w in caught) == 1  # said once
+    stats = loader.stats()
+    assert stats["under_pressure"] and stats["window"] == 1 and stats["pressure_events"] == 1
+    relaxed = ll.Loader(ll.NpySource(tmp_path / "rows.npy"), batch_size=8, prefetch=4)
+    for _ in relaxed:
+        pass
+    assert not relaxed.stats()["under_pressure"] and relaxed.stats()["window"] == 4
