@@ -22,7 +22,7 @@ all: test
 
 # Debian packages: only the missing ones are installed.
 deps:
-	missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done)
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done)
 	if [ -n "$$missing" ]; then
 	  echo "installing Debian packages: $$missing"
 	  $(SUDO) apt-get update -qq
@@ -30,7 +30,7 @@ deps:
 	fi
 
 $(VENV)/.requirements: requirements-dev.txt | deps
-	[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
+	@[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements-dev.txt
 	touch $@
@@ -70,7 +70,7 @@ FUZZ_SECONDS ?= 15
 # Every fuzz target runs briefly over its seed corpus (longer: make fuzz).
 test-fuzz: build/fuzz/build.ninja
 	cmake --build build/fuzz
-	for target in $$(find build/fuzz -maxdepth 1 -type f -name '*_fuzz' -executable); do
+	@for target in $$(find build/fuzz -maxdepth 1 -type f -name '*_fuzz' -executable); do
 	  name=$$(basename $$target)
 	  mkdir -p build/fuzz/corpus-$$name fuzz/artifacts
 	  $$target -max_total_time=$(FUZZ_SECONDS) -artifact_prefix=fuzz/artifacts/ \
