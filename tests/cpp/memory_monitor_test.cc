@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "leanloader/error.h"
+#include "test_util.h"
 
 namespace leanloader {
 namespace {
@@ -29,18 +30,6 @@ constexpr uint64_t kGiB = 1024 * kMiB;
 // A fake machine root: write("proc/1/stat", ...) creates the file under it.
 class FakeRoot {
  public:
-  FakeRoot() {
-    std::string pattern = (fs::temp_directory_path() / "leanloader-memory-XXXXXX").string();
-    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    root_ = pattern;
-  }
-  ~FakeRoot() {
-    std::error_code ignored;
-    fs::remove_all(root_, ignored);
-  }
-  FakeRoot(const FakeRoot&) = delete;
-  FakeRoot& operator=(const FakeRoot&) = delete;
-
   void write(const std::string& relative, const std::string& content) const {
     const fs::path path = fs::path(root_) / relative;
     fs::create_directories(path.parent_path());
@@ -65,7 +54,8 @@ class FakeRoot {
   }
 
  private:
-  std::string root_;
+  testing::TempDir dir_;
+  const std::string& root_ = dir_.path();
 };
 
 // A smaps_rollup as Linux >= 5.7 prints it, figures in kB.
