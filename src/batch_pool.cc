@@ -1,5 +1,7 @@
 #include "leanloader/batch_pool.h"
 
+#include <unistd.h>
+
 namespace leanloader {
 
 // The Storage handed to consumers: views a pooled (or overflow) block and
@@ -18,6 +20,9 @@ class PoolSlot final : public Storage {
   std::shared_ptr<HeapStorage> block_;
   bool overflow_;
 };
+
+BatchPool::BatchPool(size_t slot_bytes, size_t num_slots)
+    : slot_bytes_(slot_bytes), num_slots_(num_slots), owner_pid_(::getpid()) {}
 
 std::shared_ptr<BatchPool> BatchPool::create(size_t slot_bytes, size_t num_slots) {
   std::shared_ptr<BatchPool> pool(new BatchPool(slot_bytes, num_slots));
@@ -68,6 +73,9 @@ std::shared_ptr<Storage> BatchPool::acquire(std::chrono::milliseconds patience) 
 }
 
 void BatchPool::release(std::shared_ptr<HeapStorage> block, bool overflow) noexcept {
+  // A forked child may have inherited the mutex locked: free the block
+  // instead of pooling it (the child's pool is never used again).
+  if (::getpid() != owner_pid_) return;
   {
     std::lock_guard lock(mutex_);
     if (overflow) {

@@ -1,5 +1,7 @@
 #include "leanloader/executor.h"
 
+#include <unistd.h>
+
 #include <condition_variable>
 #include <mutex>
 
@@ -18,7 +20,8 @@ struct Executor::State {
   bool stop = false;
 };
 
-Executor::Executor(int num_threads) : num_threads_(num_threads), state_(std::make_shared<State>()) {
+Executor::Executor(int num_threads)
+    : num_threads_(num_threads), owner_pid_(::getpid()), state_(std::make_shared<State>()) {
   if (num_threads < 1) {
     throw InvalidArgument("num_threads must be at least 1, got " + std::to_string(num_threads));
   }
@@ -57,7 +60,14 @@ void Executor::worker_loop(std::shared_ptr<State> state, int worker) {
   state->idle.notify_all();
 }
 
+bool Executor::in_forked_child() const noexcept { return ::getpid() != owner_pid_; }
+
 void Executor::run(std::shared_ptr<Job> job, std::chrono::milliseconds quiesce) {
+  if (in_forked_child()) {
+    throw Error("this loader was created in process " + std::to_string(owner_pid_) +
+                " and cannot run in a forked child (its worker threads exist only in the "
+                "parent); create the loader inside the child, or start workers with spawn");
+  }
   std::shared_ptr<Job> previous;
   {
     std::unique_lock lock(state_->mutex);
@@ -86,6 +96,16 @@ void Executor::run(std::shared_ptr<Job> job, std::chrono::milliseconds quiesce) 
 
 bool Executor::shutdown(std::chrono::milliseconds deadline) {
   if (threads_.empty()) return true;
+  if (in_forked_child()) {
+    // The threads do not exist here and a lock may be held forever: let go
+    // of the handles without touching the shared state.
+    for (std::thread& thread : threads_) thread.detach();
+    threads_.clear();
+    // The state is never destroyed here: destroying a condition variable
+    // that the parent's (absent) threads wait on can block forever.
+    static_cast<void>(new std::shared_ptr<State>(std::move(state_)));
+    return false;
+  }
   bool all_exited = false;
   std::shared_ptr<Job> last_job;  // released after the lock: it may free a Source
   {

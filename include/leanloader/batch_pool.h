@@ -14,6 +14,8 @@
 // Thread-safety: all methods may be called from any thread.
 #pragma once
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -55,11 +57,12 @@ class BatchPool : public std::enable_shared_from_this<BatchPool> {
 
  private:
   friend class PoolSlot;
-  BatchPool(size_t slot_bytes, size_t num_slots) : slot_bytes_(slot_bytes), num_slots_(num_slots) {}
+  BatchPool(size_t slot_bytes, size_t num_slots);
   void release(std::shared_ptr<HeapStorage> block, bool overflow) noexcept;
 
   const size_t slot_bytes_;
   const size_t num_slots_;
+  const pid_t owner_pid_;  // in a forked child, released slots are not pooled
   mutable std::mutex mutex_;
   std::condition_variable returned_;
   std::vector<std::shared_ptr<HeapStorage>> free_;

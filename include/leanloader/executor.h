@@ -9,7 +9,14 @@
 // never returns (a read from a hung mount or a FIFO) is detached rather than
 // waited for. Workers own their shared state and job by shared_ptr, so a
 // detached worker never touches freed memory.
+//
+// Fork: a child of fork() has none of the parent's threads and may have
+// inherited a lock held at the moment of the fork. In a child, run() throws
+// and shutdown() only lets go of the thread handles: it neither locks nor
+// joins.
 #pragma once
+
+#include <sys/types.h>
 
 #include <chrono>
 #include <memory>
@@ -36,6 +43,8 @@ class Executor {
   Executor& operator=(const Executor&) = delete;
 
   int num_threads() const noexcept { return num_threads_; }
+  // True in a process forked from the one that created the threads.
+  bool in_forked_child() const noexcept;
 
   // Cancels the current job, waits up to `quiesce` for workers to leave it,
   // then starts `job` on every worker.
@@ -52,6 +61,7 @@ class Executor {
   static void worker_loop(std::shared_ptr<State> state, int worker);
 
   int num_threads_;
+  pid_t owner_pid_;
   std::shared_ptr<State> state_;
   std::vector<std::thread> threads_;
 };

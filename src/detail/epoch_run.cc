@@ -1,5 +1,7 @@
 #include "detail/epoch_run.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -98,6 +100,7 @@ class EpochRun::RowWriter final : public SampleWriter {
 
 EpochRun::EpochRun(RunPlan plan)
     : plan_(std::move(plan)),
+      owner_pid_(::getpid()),
       permutation_(plan_.sampler.permutation(plan_.epoch)),
       failed_batch_(std::numeric_limits<int64_t>::max()),
       ring_(static_cast<size_t>(plan_.prefetch)) {
@@ -114,6 +117,7 @@ EpochRun::~EpochRun() {
 }
 
 void EpochRun::cancel() noexcept {
+  if (::getpid() != owner_pid_) return;  // a forked child: the parent's run is not ours
   {
     std::lock_guard lock(mutex_);
     cancelled_ = true;
@@ -386,6 +390,11 @@ void EpochRun::build_listed(BatchState& state, Batch& result) {
 }
 
 EpochIterator::Status EpochRun::next(Batch& out, std::chrono::milliseconds timeout) {
+  if (::getpid() != owner_pid_) {
+    throw Error("this iteration was started in process " + std::to_string(owner_pid_) +
+                " and cannot continue in a forked child (its worker threads exist only in the "
+                "parent); create the loader inside the child, or start workers with spawn");
+  }
   const auto started = Clock::now();
   std::unique_lock lock(mutex_);
   if (finished_ || delivered_ >= plan_.num_batches) {

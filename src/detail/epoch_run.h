@@ -9,6 +9,8 @@
 // skipped rows, tensor views) and wakes the consumer. Delivery is in order.
 #pragma once
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <functional>
@@ -112,6 +114,7 @@ class EpochRun final : public Job {
   void build_listed(BatchState& state, Batch& result);
 
   RunPlan plan_;
+  pid_t owner_pid_;  // next() and cancel() do nothing safe in a forked child
   Permutation permutation_;
   std::atomic<int64_t> next_position_{0};
   std::atomic<bool> cancelled_{false};

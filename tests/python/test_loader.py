@@ -297,3 +297,31 @@ def test_numpy_output_works_without_torch(tmp_path):
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+def test_forked_child_gets_a_clear_error_not_a_hang(id_arrays):
+    loader = ll.Loader(id_arrays, batch_size=10, output="numpy")
+    iterator = iter(loader)
+    next(iterator)  # worker threads are running in the parent
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: no worker threads exist here
+        os.close(read)
+        try:
+            next(iterator)
+            message = b"no error"
+        except ll.Error as error:
+            message = str(error).encode()
+        try:
+            list(loader)
+        except ll.Error as error:
+            message += b"|" + str(error).encode()
+        os.write(write, message)
+        os._exit(0)
+    os.close(write)
+    _, status = os.waitpid(pid, 0)
+    message = os.read(read, 4096).decode()
+    os.close(read)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    assert message.count("forked child") == 2, message
+    assert len([b for b in iterator]) == 99  # the parent goes on
