@@ -14,4 +14,5 @@ NB_MODULE(_core, m) {
   bind_planner(m);
   bind_safetensors(m);
   bind_bandwidth(m);
+  bind_process(m);
 }

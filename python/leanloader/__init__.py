@@ -7,22 +7,28 @@ memory-mapped tensor caches shared by every reader, and the memory bill shown.
 from __future__ import annotations
 
 from leanloader._core import Error, FormatError
+from leanloader.audit import audit
 from leanloader.autobatch import AutoBatch
+from leanloader.dataloader import DataLoader
 from leanloader.loader import Loader
 from leanloader.memory import memory_report
 from leanloader.planner import batch_defaults, estimate_memory, regularization_cost
 from leanloader.safetensors import load_safetensors, save_safetensors
+from leanloader.shared_records import SharedRecords
 from leanloader.sources import ArraySource, FileSource, NpySource, Source
 
 __all__ = [
     "ArraySource",
     "AutoBatch",
+    "DataLoader",
     "Error",
     "FileSource",
     "FormatError",
     "Loader",
     "NpySource",
+    "SharedRecords",
     "Source",
+    "audit",
     "batch_defaults",
     "estimate_memory",
     "load_safetensors",

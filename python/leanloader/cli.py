@@ -8,7 +8,7 @@ import sys
 
 # Each module leanloader.commands.<name> defines `add_parser(subparsers)`,
 # which registers the subcommand and sets `func(args) -> int` as its default.
-COMMANDS = ("demo", "bench", "estimate", "mem", "cache")
+COMMANDS = ("demo", "bench", "estimate", "mem", "cache", "audit")
 
 
 def build_parser() -> argparse.ArgumentParser:

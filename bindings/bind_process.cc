@@ -1,0 +1,174 @@
+// Python: shared-memory segments, batch slot pools and packed records for
+// ProcessWorkers (python/leanloader/dataloader.py, workers.py,
+// shared_records.py). Glue only; the logic is in src/shared_segment.cc,
+// src/slot_pool.cc, src/shared_records.cc.
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "bindings.h"
+#include "leanloader/shared_records.h"
+#include "leanloader/shared_segment.h"
+#include "leanloader/slot_pool.h"
+#include "leanloader/worker_process.h"
+
+namespace nb = nanobind;
+
+namespace leanloader::bindings {
+
+namespace {
+
+// Any C-contiguous CPU array (NumPy, torch through DLPack, a bytes-like
+// object through the buffer protocol).
+using ContiguousArray = nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu>;
+
+DType parse_dtype(const std::string& name) {
+  const auto dtype = dtype_from_name(name);
+  if (!dtype) throw InvalidArgument("unknown dtype '" + name + "' (use a safetensors name: F32)");
+  return *dtype;
+}
+
+nb::object view(const std::shared_ptr<Storage>& storage, size_t offset, const std::string& dtype,
+                const std::vector<int64_t>& shape, const std::string& output) {
+  const Tensor tensor(storage, offset, parse_dtype(dtype), shape);
+  return tensor_to_python(tensor, parse_output_framework(output));
+}
+
+size_t array_bytes(const ContiguousArray& array) { return array.size() * array.itemsize(); }
+
+// A slot handed to the user: its tensors keep the slot (not this object)
+// alive; the slot is free once this object and every tensor are gone.
+struct SlotHold {
+  std::shared_ptr<Storage> storage;
+};
+
+}  // namespace
+
+void bind_process(nb::module_& m) {
+  m.def("default_shm_dir", &default_shm_dir,
+        "Where shared memory segments are created: $LEANLOADER_SHM_DIR or /dev/shm.");
+  m.def("set_parent_death_signal", &set_parent_death_signal, nb::arg("signal"),
+        nb::arg("expected_parent"),
+        "prctl(PR_SET_PDEATHSIG): this process gets `signal` when its parent dies. "
+        "False when `expected_parent` is already gone.");
+
+  nb::class_<SharedSegment>(
+      m, "SharedSegment",
+      "Shared memory reserved in full (posix_fallocate) and unlinked at creation: a full "
+      "/dev/shm is an OSError(ENOSPC) here, and nothing is left behind after any exit. "
+      "Other processes attach through attach_path while this process lives.")
+      .def_static(
+          "create",
+          [](size_t size, std::optional<std::string> dir) {
+            nb::gil_scoped_release release;
+            return SharedSegment::create(size, dir.value_or(""));
+          },
+          nb::arg("size"), nb::arg("dir") = nb::none())
+      .def_static(
+          "attach",
+          [](const std::string& path, bool writable, bool copy_on_write) {
+            nb::gil_scoped_release release;
+            return SharedSegment::attach(path, writable, copy_on_write);
+          },
+          nb::arg("path"), nb::arg("writable") = true, nb::arg("copy_on_write") = false)
+      .def_prop_ro("size", &SharedSegment::size)
+      .def_prop_ro("fd", &SharedSegment::fd)
+      .def_prop_ro("path", &SharedSegment::path)
+      .def_prop_ro("writable", &SharedSegment::writable)
+      .def_prop_ro("copy_on_write", &SharedSegment::copy_on_write)
+      .def_prop_ro("attach_path", &SharedSegment::attach_path)
+      .def_prop_ro(
+          "address",
+          [](const SharedSegment& self) { return reinterpret_cast<uintptr_t>(self.data()); })
+      .def(
+          "write",
+          [](SharedSegment& self, size_t offset, const ContiguousArray& array) {
+            const size_t bytes = array_bytes(array);
+            nb::gil_scoped_release release;
+            self.write(offset, array.data(), bytes);
+            return bytes;
+          },
+          nb::arg("offset"), nb::arg("array"),
+          "Copies a C-contiguous CPU array's bytes to `offset`; returns the byte count.")
+      .def(
+          "array",
+          [](const std::shared_ptr<SharedSegment>& self, size_t offset, const std::string& dtype,
+             const std::vector<int64_t>& shape,
+             const std::string& output) { return view(self, offset, dtype, shape, output); },
+          nb::arg("offset"), nb::arg("dtype"), nb::arg("shape"), nb::arg("output") = "numpy",
+          "A zero-copy array over the segment that keeps it alive.");
+
+  m.def(
+      "find_shared_segment",
+      [](uintptr_t address) { return SharedSegment::find(reinterpret_cast<const void*>(address)); },
+      nb::arg("address"), "The live segment of this process containing `address`, or None.");
+
+  nb::class_<SlotHold>(m, "SlotHold", "A batch slot held by the batches that view it.")
+      .def(
+          "tensor",
+          [](const SlotHold& self, size_t offset, const std::string& dtype,
+             const std::vector<int64_t>& shape, const std::string& output) {
+            return view(self.storage, offset, dtype, shape, output);
+          },
+          nb::arg("offset"), nb::arg("dtype"), nb::arg("shape"), nb::arg("output"),
+          "A zero-copy tensor at `offset` in the slot; it keeps the slot held.");
+
+  nb::class_<SlotPool>(m, "SlotPool",
+                       "Batch slots in one shared segment: acquire -> worker writes -> hold.")
+      .def_static(
+          "create",
+          [](size_t slot_bytes, size_t num_slots, std::optional<std::string> dir) {
+            nb::gil_scoped_release release;
+            return SlotPool::create(slot_bytes, num_slots, dir.value_or(""));
+          },
+          nb::arg("slot_bytes"), nb::arg("num_slots"), nb::arg("dir") = nb::none())
+      .def("acquire", &SlotPool::acquire, "A free slot id, or None when all are in use.")
+      .def("release", &SlotPool::release, nb::arg("slot"))
+      .def(
+          "hold", [](SlotPool& self, size_t slot) { return SlotHold{self.hold(slot)}; },
+          nb::arg("slot"))
+      .def("slot_offset", &SlotPool::slot_offset, nb::arg("slot"))
+      .def_prop_ro("slot_bytes", &SlotPool::slot_bytes)
+      .def_prop_ro("num_slots", &SlotPool::num_slots)
+      .def_prop_ro("slots_in_use", &SlotPool::slots_in_use)
+      .def_prop_ro("segment", &SlotPool::segment);
+
+  nb::class_<SharedRecords>(m, "SharedRecordsBuffer",
+                            "Byte records packed into one shared segment with an offset index.")
+      .def_static(
+          "pack",
+          [](const std::vector<nb::bytes>& records, std::optional<std::string> dir) {
+            std::vector<std::string_view> views;
+            views.reserve(records.size());
+            for (const nb::bytes& r : records) views.emplace_back(r.c_str(), r.size());
+            nb::gil_scoped_release release;
+            return SharedRecords::pack(views, dir.value_or(""));
+          },
+          nb::arg("records"), nb::arg("dir") = nb::none())
+      .def_static("attach", &SharedRecords::attach, nb::arg("segment"))
+      .def("__len__", &SharedRecords::size)
+      .def(
+          "get",
+          [](const SharedRecords& self, int64_t index) {
+            const auto n = static_cast<int64_t>(self.size());
+            if (index < 0) index += n;
+            if (index < 0 || index >= n) {
+              throw nb::index_error(
+                  ("record index out of range for " + std::to_string(n) + " records").c_str());
+            }
+            const auto bytes = self.record(static_cast<size_t>(index));
+            return nb::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+          },
+          nb::arg("index"), "A copy of record `index`'s bytes (negative indices count back).")
+      .def_prop_ro("data_bytes", &SharedRecords::data_bytes)
+      .def_prop_ro("segment", &SharedRecords::segment);
+}
+
+}  // namespace leanloader::bindings

@@ -1,0 +1,425 @@
+"""Worker processes of ``ll.DataLoader`` (``worker_mode="process"``).
+
+A worker is started by spawn or forkserver (never fork), receives the dataset
+as bytes pickled once in the main process, and then answers tasks from its
+own pipe:
+
+    ("fetch", epoch, task, index, slot)  ->  ("batch", epoch, task, payload)
+                                             ("stop", epoch, task)   # iterable exhausted
+                                             ("error", epoch, task, error info)
+    ("resume", epoch)                        # persistent workers: a new epoch
+    None                                     # shut down
+
+``slot`` names a batch slot of the main process's SlotPool (or is None); the
+worker copies every tensor / array of the collated batch into that slot of
+its own mapping and sends only a template of the batch (offsets, dtypes,
+shapes). Batches whose leaves are not all numeric arrays (strings, Python
+objects in a custom collate's output stay in the template and are pickled
+with it), batches that do not fit the slot, and tasks sent with no slot go
+through the pipe pickled (``payload[0] == "pickle"``), with the byte count the
+slot pool needs so that the main process can size or grow it.
+
+Large arrays of the dataset arrive as references to shared segments of the
+main process (see ``rebuild_array`` / ``rebuild_tensor``), attached through
+``/proc/<main pid>/fd/<fd>``: one copy for all workers.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import pickle
+import random
+import signal
+import sys
+import traceback
+from typing import Any
+
+from leanloader import _core
+
+ALIGNMENT = 64
+
+# numpy dtype.str -> safetensors name, for arrays that slots and shared
+# segments can hold.
+NUMPY_TO_NAME = {
+    "|b1": "BOOL", "|u1": "U8", "|i1": "I8", "<u2": "U16", "<i2": "I16", "<u4": "U32",
+    "<i4": "I32", "<u8": "U64", "<i8": "I64", "<f2": "F16", "<f4": "F32", "<f8": "F64",
+    "<c8": "C64",
+}  # fmt: skip
+
+
+def torch_dtype_names() -> dict[Any, str]:
+    import torch
+
+    return {
+        torch.bool: "BOOL", torch.uint8: "U8", torch.int8: "I8", torch.uint16: "U16",
+        torch.int16: "I16", torch.uint32: "U32", torch.int32: "I32", torch.uint64: "U64",
+        torch.int64: "I64", torch.float16: "F16", torch.bfloat16: "BF16",
+        torch.float32: "F32", torch.float64: "F64", torch.complex64: "C64",
+    }  # fmt: skip
+
+
+# --- shared segments ------------------------------------------------------------------
+
+# (owner pid, fd, inode, mode) -> SharedSegment mapped in this process.
+_SEGMENTS: dict[tuple[int, int, int, str], Any] = {}
+atexit.register(_SEGMENTS.clear)  # released while the extension module is intact
+
+
+def segment_reference(segment: Any) -> tuple[int, int, int]:
+    """How another process finds `segment` (created in this process)."""
+    return (os.getpid(), int(segment.fd), os.fstat(segment.fd).st_ino)
+
+
+def attach_segment(owner: int, fd: int, inode: int, mode: str = "shared") -> Any:
+    """Maps segment `fd` of process `owner` once per process and `mode`:
+    "shared" (read-write, writes reach every process), "read" (read-only) or
+    "private" (copy-on-write: writes stay in this process)."""
+    key = (owner, fd, inode, mode)
+    segment = _SEGMENTS.get(key)
+    if segment is not None:
+        return segment
+    path = f"/proc/{owner}/fd/{fd}"
+    try:
+        segment = _core.SharedSegment.attach(path, mode != "read", mode == "private")
+    except FileNotFoundError:
+        raise RuntimeError(
+            f"shared memory segment {path} is gone: the process that created it (pid {owner}) "
+            "has exited; leanloader shared data can only be unpickled while its owner lives"
+        ) from None
+    if os.fstat(segment.fd).st_ino != inode:
+        raise RuntimeError(
+            f"{path} is not the shared memory segment that was pickled (process {owner} "
+            "reused the descriptor); leanloader shared data can only be unpickled while its "
+            "owner lives"
+        )
+    _SEGMENTS[key] = segment
+    return segment
+
+
+def rebuild_array(reference: tuple[int, int, int], offset: int, dtype: str, shape: tuple) -> Any:
+    """A NumPy array in a shared segment of the main process, mapped
+    copy-on-write: like the pickled copy torch gives each worker, writes stay
+    in the worker, but only the pages written are copied."""
+    import numpy as np
+
+    mode = "shared" if reference[0] == os.getpid() else "private"
+    segment = attach_segment(*reference, mode)
+    array = segment.array(offset, NUMPY_TO_NAME[dtype], list(shape), "numpy")
+    return array.view(np.dtype(dtype))
+
+
+def rebuild_memmap(
+    filename: str, dtype: str, mode: str, offset: int, shape: tuple, order: str
+) -> Any:
+    """Re-maps a np.memmap instead of receiving its contents."""
+    import numpy as np
+
+    return np.memmap(filename, dtype=np.dtype(dtype), mode=mode, offset=offset, shape=shape,
+                     order=order)  # fmt: skip
+
+
+def rebuild_tensor(
+    reference: tuple[int, int, int],
+    offset: int,
+    storage_bytes: int,
+    dtype: str,
+    storage_offset: int,
+    size: tuple,
+    stride: tuple,
+    requires_grad: bool,
+    parameter: bool,
+) -> Any:
+    """A CPU tensor whose storage is a shared segment of the main process
+    (shared like torch's own worker tensors: writes are visible to all)."""
+    import torch
+
+    segment = attach_segment(*reference)
+    raw = segment.array(offset, "U8", [storage_bytes], "torch")
+    torch_dtype = getattr(torch, dtype)
+    tensor = torch.empty(0, dtype=torch_dtype).set_(
+        raw.untyped_storage(), storage_offset, size, stride
+    )
+    if parameter:
+        return torch.nn.Parameter(tensor, requires_grad=requires_grad)
+    if requires_grad:
+        tensor.requires_grad_(True)
+    return tensor
+
+
+# --- batches through slots -------------------------------------------------------------
+
+
+class SlotLeaf:
+    """A tensor or array of a batch, as (offset in slot, dtype, shape, kind)."""
+
+    __slots__ = ("dtype", "kind", "offset", "shape")
+
+    def __init__(self, offset: int, dtype: str, shape: tuple, kind: str) -> None:
+        self.offset, self.dtype, self.shape, self.kind = offset, dtype, shape, kind
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return (SlotLeaf, (self.offset, self.dtype, self.shape, self.kind))
+
+
+def _map_structure(batch: Any, leaf: Any) -> Any:
+    """Rebuilds dicts, lists, tuples and namedtuples with leaf(x) for the rest."""
+    if isinstance(batch, dict):
+        items = {key: _map_structure(value, leaf) for key, value in batch.items()}
+        if type(batch) is dict:
+            return items
+        try:
+            return type(batch)(items)
+        except TypeError:
+            return items
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(_map_structure(value, leaf) for value in batch))
+    if type(batch) in (list, tuple):
+        return type(batch)(_map_structure(value, leaf) for value in batch)
+    return leaf(batch)
+
+
+def plan_batch(batch: Any, torch_names: dict | None) -> tuple[Any, list[tuple[int, Any]], int]:
+    """Template of `batch` with SlotLeaf for every array the slot can hold,
+    the (offset, contiguous array) copies to make, and the bytes needed."""
+    copies: list[tuple[int, Any]] = []
+    used = 0
+
+    def leaf(value: Any) -> Any:
+        nonlocal used
+        kind = name = None
+        if torch_names is not None:
+            import torch
+
+            if isinstance(value, torch.Tensor) and value.device.type == "cpu":
+                name = torch_names.get(value.dtype)
+                if name is not None and not value.is_sparse and not value.is_quantized:
+                    kind = "torch"
+                    value = value.detach().resolve_conj().resolve_neg().contiguous()
+        if kind is None:
+            import numpy as np
+
+            if type(value) is np.ndarray and value.dtype.str in NUMPY_TO_NAME:
+                kind, name = "numpy", NUMPY_TO_NAME[value.dtype.str]
+                value = np.ascontiguousarray(value)
+        if kind is None:
+            return value
+        offset = used
+        nbytes = int(value.element_size() * value.numel() if kind == "torch" else value.nbytes)
+        used = offset + (nbytes + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
+        if nbytes:
+            copies.append((offset, value))
+        return SlotLeaf(offset, name, tuple(value.shape), kind)
+
+    template = _map_structure(batch, leaf)
+    return template, copies, used
+
+
+def unpack_batch(template: Any, hold: Any) -> Any:
+    """The batch of `template` with zero-copy tensors over the held slot."""
+
+    def leaf(value: Any) -> Any:
+        if isinstance(value, SlotLeaf):
+            return hold.tensor(value.offset, value.dtype, list(value.shape), value.kind)
+        return value
+
+    return _map_structure(template, leaf)
+
+
+# --- errors ------------------------------------------------------------------------------
+
+
+def describe_error(error: BaseException, where: str) -> dict[str, Any]:
+    """What the main process needs to re-raise `error` with its type and
+    traceback text, even when the exception does not round-trip pickle."""
+    info: dict[str, Any] = {
+        "module": type(error).__module__,
+        "qualname": type(error).__qualname__,
+        "message": str(error),
+        "traceback": "".join(traceback.format_exception(error)),
+        "where": where,
+    }
+    for key, value in (("pickled", error), ("args", error.args), ("state", vars(error))):
+        try:
+            info[key] = pickle.dumps(value)
+        except Exception:
+            info[key] = None
+    return info
+
+
+def rebuild_error(info: dict[str, Any]) -> BaseException:
+    """The worker's exception object (same type and args) with a note that
+    carries the worker's traceback text."""
+    error: BaseException | None = None
+    if info.get("pickled") is not None:
+        try:
+            error = pickle.loads(info["pickled"])
+        except Exception:
+            error = None
+    if error is None:
+        try:
+            module = sys.modules.get(info["module"]) or __import__(info["module"])
+            cls: Any = module
+            for part in info["qualname"].split("."):
+                cls = getattr(cls, part)
+            error = cls.__new__(cls)
+            if info.get("args") is not None:
+                error.args = pickle.loads(info["args"])
+            if info.get("state") is not None:
+                error.__dict__.update(pickle.loads(info["state"]))
+        except Exception:
+            error = RuntimeError(f"{info['module']}.{info['qualname']}: {info['message']}")
+    error.add_note(f"Raised in {info['where']}; the worker's traceback:\n{info['traceback']}")
+    return error
+
+
+# --- the worker ---------------------------------------------------------------------------
+
+
+class WorkerSetup:
+    """Everything a worker needs, pickled once by the main process."""
+
+    def __init__(
+        self, dataset: Any, dataset_kind: int, auto_collation: bool, collate_fn: Any,
+        drop_last: bool, worker_init_fn: Any,
+    ) -> None:  # fmt: skip
+        self.dataset = dataset
+        self.dataset_kind = dataset_kind
+        self.auto_collation = auto_collation
+        self.collate_fn = collate_fn
+        self.drop_last = drop_last
+        self.worker_init_fn = worker_init_fn
+
+
+def _seed(base_seed: int, worker_id: int) -> int:
+    """Seeds random, numpy and torch exactly as torch's _worker_loop does."""
+    seed = base_seed + worker_id
+    random.seed(seed)
+    import torch
+    from torch.utils.data._utils.worker import _generate_state
+
+    torch.manual_seed(seed)
+    try:
+        import numpy as np
+    except ImportError:
+        return seed
+    np.random.seed(_generate_state(base_seed, worker_id))
+    return seed
+
+
+def worker_main(
+    worker_id: int,
+    num_workers: int,
+    setup_bytes: bytes,
+    base_seed: int,
+    parent_pid: int,
+    tasks: Any,
+    results: Any,
+) -> None:
+    """Entry point of a worker process (the target of multiprocessing.Process)."""
+    # Ctrl-C goes to the whole process group; the main process handles it and
+    # shuts the workers down, so a worker must not die of it mid-write.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if not _core.set_parent_death_signal(signal.SIGKILL, parent_pid):
+        os._exit(0)  # the main process is already gone
+    where = f"leanloader DataLoader worker {worker_id} (pid {os.getpid()})"
+    import torch
+    from torch.utils.data._utils import worker as torch_worker
+    from torch.utils.data._utils.collate import default_collate, default_convert
+    from torch.utils.data.dataloader import _DatasetKind
+
+    torch.set_num_threads(1)
+    torch_names = torch_dtype_names()
+    init_error: dict[str, Any] | None = None
+    fetcher = None
+    setup: WorkerSetup | None = None
+    try:
+        setup = pickle.loads(setup_bytes)
+        del setup_bytes
+        seed = _seed(base_seed, worker_id)
+        torch_worker._worker_info = torch_worker.WorkerInfo(
+            id=worker_id, num_workers=num_workers, seed=seed, dataset=setup.dataset
+        )
+        collate = setup.collate_fn
+        if collate is default_collate or collate is default_convert:
+            # torch's default collate allocates torch shared memory when it
+            # sees it is in a worker; here the batch goes into a slot instead.
+            collate = _outside_worker_info(collate, torch_worker)
+        if setup.worker_init_fn is not None:
+            setup.worker_init_fn(worker_id)
+
+        def make_fetcher() -> Any:
+            return _DatasetKind.create_fetcher(
+                setup.dataset_kind, setup.dataset, setup.auto_collation, collate, setup.drop_last
+            )
+
+        fetcher = make_fetcher()
+    except Exception as error:
+        init_error = describe_error(error, where + " while starting")
+
+    segments: dict[int, Any] = {}
+    while True:
+        try:
+            message = tasks.recv()
+        except (EOFError, OSError):
+            break  # the main process closed the pipe or died
+        if message is None:
+            break
+        if message[0] == "resume":
+            if init_error is None:
+                try:
+                    fetcher = make_fetcher()
+                except Exception as error:
+                    init_error = describe_error(error, where + " while starting an epoch")
+            continue
+        _, epoch, task, index, slot = message
+        if init_error is not None:
+            results.send(("error", epoch, task, init_error))
+            continue
+        try:
+            batch = fetcher.fetch(index)
+        except StopIteration:
+            results.send(("stop", epoch, task))
+            continue
+        except Exception as error:
+            results.send(("error", epoch, task, describe_error(error, where)))
+            continue
+        try:
+            payload = _payload(batch, slot, segments, torch_names)
+            del batch
+        except Exception as error:
+            results.send(("error", epoch, task, describe_error(error, where)))
+            continue
+        results.send(("batch", epoch, task, payload))
+    # Leave without interpreter finalization: nothing of the worker's state
+    # needs tearing down (the main process owns every shared segment), and the
+    # dataset's destructors must not run with half-finalized modules.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _outside_worker_info(collate: Any, torch_worker: Any) -> Any:
+    def collate_here(batch: Any) -> Any:
+        info = torch_worker._worker_info
+        torch_worker._worker_info = None
+        try:
+            return collate(batch)
+        finally:
+            torch_worker._worker_info = info
+
+    return collate_here
+
+
+def _payload(batch: Any, slot: Any, segments: dict[int, Any], torch_names: dict) -> tuple:
+    template, copies, needed = plan_batch(batch, torch_names)
+    if slot is not None and 0 < needed <= slot[3]:
+        pool_id, reference, slot_id, _slot_bytes, slot_offset = slot
+        segment = segments.get(pool_id)
+        if segment is None:
+            segments.clear()  # pools only grow: older ones are no longer used
+            segment = segments[pool_id] = attach_segment(*reference)
+        for offset, array in copies:
+            segment.write(slot_offset + offset, array)
+        return ("slot", pool_id, slot_id, template)
+    return ("pickle", pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL), needed)

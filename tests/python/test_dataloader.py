@@ -1,0 +1,659 @@
+"""ll.DataLoader: torch parity, worker processes, shared memory, failures.
+
+Real worker processes (spawn), real shared memory, real signals. Datasets are
+module-level classes so that spawned workers can import them.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import pickle
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import (  # noqa: E402
+    BatchSampler,
+    Dataset,
+    IterableDataset,
+    SequentialSampler,
+    SubsetRandomSampler,
+    WeightedRandomSampler,
+    get_worker_info,
+)
+
+import leanloader as ll  # noqa: E402
+from leanloader import _core  # noqa: E402
+
+# --- datasets -------------------------------------------------------------------------------
+
+
+class Squares(Dataset):
+    def __init__(self, n: int = 23) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return {"x": np.array([i, i * i], dtype=np.float32), "i": i, "name": f"s{i}"}
+
+
+class Stream(IterableDataset):
+    """Shards itself over workers through get_worker_info(), as torch documents."""
+
+    def __init__(self, n: int = 17) -> None:
+        self.n = n
+
+    def __iter__(self):
+        info = get_worker_info()
+        start, step = (0, 1) if info is None else (info.id, info.num_workers)
+        for i in range(start, self.n, step):
+            yield torch.tensor([i, -i])
+
+
+class RandomDraws(Dataset):
+    """What a worker sees: its info, its seed and its random generators."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):
+        info = get_worker_info()
+        return (
+            torch.tensor([i, info.id, info.num_workers, info.seed % 2**31]),
+            torch.tensor([random.random(), float(np.random.rand())]),
+            torch.rand(2),
+            torch.tensor([INIT_MARK]),
+        )
+
+
+INIT_MARK = 0
+
+
+def mark_worker(worker_id: int) -> None:
+    global INIT_MARK
+    INIT_MARK = 100 + worker_id
+
+
+def sum_collate(batch):
+    return {"total": sum(item["i"] for item in batch), "names": [item["name"] for item in batch]}
+
+
+class BadSample(Exception):
+    """An exception whose __init__ needs two arguments (does not round-trip pickle)."""
+
+    def __init__(self, a: int, b: int) -> None:
+        super().__init__(f"bad sample a={a} b={b}")
+        self.a, self.b = a, b
+
+
+class Failing(Dataset):
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i: int):
+        if i == 5:
+            raise BadSample(1, 2)
+        return i
+
+
+def failing_collate(batch):
+    raise ValueError(f"cannot collate {batch}")
+
+
+class Slow(Dataset):
+    def __init__(self, seconds: float, n: int = 64) -> None:
+        self.seconds, self.n = seconds, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        time.sleep(self.seconds)
+        return torch.full((4,), i)
+
+
+class Big(Dataset):
+    """Batches of 2 MiB samples."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):
+        return torch.full((512 * 1024,), float(i))
+
+
+class Features(Dataset):
+    """Holds a large array, a small one, a memory-mapped one and a model."""
+
+    def __init__(self, rows: int, cols: int, memmap_path: str | None = None) -> None:
+        self.features = np.arange(rows * cols, dtype=np.float32).reshape(rows, cols)
+        self.small = np.ones(4, dtype=np.int64)
+        self.mapped = np.load(memmap_path, mmap_mode="r") if memmap_path else None
+        self.model = torch.nn.Linear(512, 1024)
+
+    def __len__(self) -> int:
+        return len(self.features)
+
+    def __getitem__(self, i: int):
+        row = self.features[i].copy()
+        self.features[i, 0] = -1.0  # a worker's write must stay in that worker
+        mapped = float(self.mapped[i].sum()) if self.mapped is not None else 0.0
+        return {
+            "row": row,
+            "weight_sum": float(self.model.weight.detach().sum()),
+            "mapped": mapped,
+            "owns_features": bool(self.features.flags.writeable),
+        }
+
+
+def _assert_same(a, b) -> None:
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor)
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for key in a:
+            _assert_same(a[key], b[key])
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            _assert_same(x, y)
+    else:
+        assert a == b
+
+
+def _both(dataset, epochs: int = 1, seed: int = 7, **kwargs):
+    """Batches of ll.DataLoader and of torch's DataLoader with the same
+    arguments and generator seed (torch with persistent workers like ll)."""
+    workers = kwargs.get("num_workers", 0)
+    extra = {"persistent_workers": True} if workers else {}
+    ours = ll.DataLoader(dataset, generator=torch.Generator().manual_seed(seed), **kwargs)
+    theirs = torch.utils.data.DataLoader(
+        dataset,
+        generator=torch.Generator().manual_seed(seed),
+        multiprocessing_context="fork" if workers else None,  # fast, same batches
+        **extra,
+        **kwargs,
+    )
+    try:
+        return (
+            [list(ours) for _ in range(epochs)],
+            [list(theirs) for _ in range(epochs)],
+        )
+    finally:
+        ours.close()
+
+
+# --- parity ---------------------------------------------------------------------------------
+
+PARITY = [
+    pytest.param({"batch_size": 4}, id="sequential"),
+    pytest.param({"batch_size": 4, "shuffle": True, "drop_last": True}, id="shuffle-drop-last"),
+    pytest.param({"batch_size": 4, "shuffle": True, "num_workers": 1}, id="shuffle-1-worker"),
+    pytest.param({"batch_size": 4, "shuffle": True, "num_workers": 2}, id="shuffle-2-workers"),
+    pytest.param({"batch_size": 5, "drop_last": True, "num_workers": 2}, id="drop-last-2"),
+    pytest.param({"batch_size": None, "num_workers": 2}, id="no-batching-2"),
+    pytest.param({"batch_size": 3, "collate_fn": sum_collate, "num_workers": 2}, id="collate-2"),
+]
+
+
+@pytest.mark.parametrize("kwargs", PARITY)
+def test_batches_match_torch(kwargs):
+    ours, theirs = _both(Squares(), epochs=2, **kwargs)
+    _assert_same(ours, theirs)
+    assert len(ours[0]) > 0
+
+
+SAMPLERS = {
+    "subset-random": lambda: {
+        "sampler": SubsetRandomSampler(
+            list(range(3, 20)), generator=torch.Generator().manual_seed(3)
+        ),
+        "batch_size": 4,
+    },
+    "weighted": lambda: {
+        "sampler": WeightedRandomSampler(
+            [1.0] * 23, 30, generator=torch.Generator().manual_seed(4)
+        ),
+        "batch_size": 4,
+    },
+    "batch-sampler": lambda: {
+        "batch_sampler": BatchSampler(SequentialSampler(range(23)), batch_size=6, drop_last=False)
+    },
+}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("name", sorted(SAMPLERS))
+def test_samplers_match_torch(name, workers):
+    # Each loader gets its own sampler: samplers with a generator are stateful.
+    ours = ll.DataLoader(Squares(), num_workers=workers, **SAMPLERS[name]())
+    theirs = torch.utils.data.DataLoader(
+        Squares(), num_workers=workers, multiprocessing_context="fork" if workers else None,
+        **SAMPLERS[name](),
+    )  # fmt: skip
+    _assert_same(list(ours), list(theirs))
+    ours.close()
+
+
+@pytest.mark.parametrize(
+    ("workers", "drop_last"), [(0, False), (1, True), (2, False), (2, True), (3, False)]
+)
+def test_iterable_sharding_matches_torch(workers, drop_last):
+    ours, theirs = _both(Stream(), epochs=2, batch_size=3, num_workers=workers, drop_last=drop_last)
+    _assert_same(ours, theirs)
+    if not drop_last:  # every sample exactly once per epoch
+        seen = sorted(int(v) for batch in ours[0] for v in batch[:, 0])
+        assert seen == list(range(17))
+
+
+def test_worker_info_seeds_and_init_fn_match_torch():
+    ours, theirs = _both(
+        RandomDraws(), epochs=2, batch_size=2, num_workers=2, worker_init_fn=mark_worker
+    )
+    _assert_same(ours, theirs)
+    ids = {int(batch[0][0, 1]) for batch in ours[0]}
+    assert ids == {0, 1}
+    assert {int(batch[3][0]) for batch in ours[0]} == {100, 101}
+
+
+def test_thread_mode_matches_torch():
+    dataset = Squares()
+    ours = ll.DataLoader(
+        dataset, batch_size=4, shuffle=True, num_workers=2, worker_mode="thread",
+        generator=torch.Generator().manual_seed(1),
+    )  # fmt: skip
+    theirs = torch.utils.data.DataLoader(
+        dataset, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(1)
+    )
+    _assert_same(list(ours), list(theirs))
+
+
+# --- start methods ----------------------------------------------------------------------------
+
+
+def test_fork_is_refused_unless_forced():
+    with pytest.raises(ValueError, match="deadlock"):
+        ll.DataLoader(Squares(), num_workers=2, multiprocessing_context="fork")
+    loader = ll.DataLoader(
+        Squares(), batch_size=4, num_workers=1, multiprocessing_context="fork", force_fork=True
+    )
+    assert len(list(loader)) == 6
+    loader.close()
+    loader = ll.DataLoader(Squares(), batch_size=4, num_workers=1,
+                           multiprocessing_context="forkserver")  # fmt: skip
+    assert len(list(loader)) == 6
+    loader.close()
+
+
+# --- shared memory ----------------------------------------------------------------------------
+
+
+def test_batches_arrive_in_slots_without_copies_and_slots_recycle():
+    loader = ll.DataLoader(Squares(64), batch_size=4, num_workers=2)
+    iterator = iter(loader)
+    batches = [next(iterator) for _ in range(10)]
+    later = batches[-1]["x"]
+    assert _core.find_shared_segment(later.data_ptr()) is not None  # views the slot
+    pool = iterator._pool
+    held = pool.slots_in_use
+    del batches, later
+    assert pool.slots_in_use < held  # dropping batches gave their slots back
+    rest = list(iterator)
+    assert len(rest) == 6
+    loader.close()
+
+
+def test_large_arrays_and_tensors_are_shared_once(tmp_path):
+    np.save(tmp_path / "mapped.npy", np.ones((64, 1024), dtype=np.float32))
+    dataset = Features(64, 16384, str(tmp_path / "mapped.npy"))  # 4 MiB of features
+    original = dataset.features.copy()
+    weight = dataset.model.weight.detach().clone()
+    loader = ll.DataLoader(dataset, batch_size=8, num_workers=2)
+    batches = list(loader)
+    # Each worker received a reference, not the 4 MiB array, the memmap's
+    # contents or the model's weights.
+    assert len(loader.setup_bytes()) < 64 * 1024
+    assert _core.find_shared_segment(dataset.features.__array_interface__["data"][0])
+    assert _core.find_shared_segment(dataset.model.weight.untyped_storage().data_ptr())
+    assert isinstance(dataset.model.weight, torch.nn.Parameter)
+    np.testing.assert_array_equal(dataset.features, original)  # worker writes stayed there
+    assert torch.equal(dataset.model.weight.detach(), weight)
+    rows = torch.cat([b["row"] for b in batches])
+    np.testing.assert_array_equal(rows.numpy(), original)
+    assert all(float(s) == pytest.approx(float(weight.sum()), rel=1e-5)
+               for b in batches for s in b["weight_sum"])  # fmt: skip
+    assert all(float(m) == 1024.0 for b in batches for m in b["mapped"])
+    assert all(bool(w) for b in batches for w in b["owns_features"])
+    loader.close()
+
+
+def _mount_tmpfs(path: Path, size: str) -> bool:
+    path.mkdir(parents=True, exist_ok=True)
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                            capture_output=True)  # fmt: skip
+    return result.returncode == 0
+
+
+def test_full_shm_is_a_clear_error_at_start(tmp_path):
+    shm = tmp_path / "tiny-shm"
+    if not _mount_tmpfs(shm, "1m"):
+        pytest.skip("cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN)")
+    try:
+        loader = ll.DataLoader(Big(), batch_size=2, num_workers=1, shm_dir=str(shm))
+        start = time.monotonic()
+        with pytest.raises(OSError) as caught:
+            list(loader)
+        assert caught.value.errno == errno.ENOSPC
+        assert str(shm) in str(caught.value)
+        assert "free of" in str(caught.value)
+        assert time.monotonic() - start < 30
+        assert os.listdir(shm) == []
+        loader.close()
+    finally:
+        subprocess.run(["umount", str(shm)], check=False)
+
+
+MAIN_KILLED_SCRIPT = textwrap.dedent(
+    """
+    import os, sys, time
+    sys.path.insert(0, {tests!r})
+    import leanloader as ll
+    from test_dataloader import Slow, Features
+    dataset = Features(32, 65536)   # 8 MiB, moved into shared memory
+    loader = ll.DataLoader(dataset, batch_size=4, num_workers=2, shm_dir={shm!r})
+    iterator = iter(loader)
+    next(iterator); next(iterator)
+    print(" ".join(str(w.pid) for w in iterator._workers), flush=True)
+    time.sleep(60)
+    """
+)
+
+
+def test_no_shm_left_after_main_process_is_killed(tmp_path):
+    shm = tmp_path / "shm"
+    mounted = _mount_tmpfs(shm, "256m")
+    shm.mkdir(exist_ok=True)
+    tests = str(Path(__file__).parent)
+    child = subprocess.Popen(
+        [sys.executable, "-c", MAIN_KILLED_SCRIPT.format(tests=tests, shm=str(shm))],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        workers = [int(p) for p in child.stdout.readline().split()]
+        assert len(workers) == 2
+        if mounted:
+            assert os.statvfs(shm).f_bfree < os.statvfs(shm).f_blocks  # in use now
+        child.kill()
+        child.wait()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and any(_alive(p) for p in workers):
+            time.sleep(0.05)
+        assert not any(_alive(p) for p in workers), "workers outlived the main process"
+        assert os.listdir(shm) == []
+        if mounted:
+            usage = os.statvfs(shm)
+            assert usage.f_bfree == usage.f_blocks  # every reserved page is back
+        assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"leanloader-{child.pid}-")]
+    finally:
+        if child.poll() is None:
+            child.kill()
+        if mounted:
+            subprocess.run(["umount", str(shm)], check=False)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ")[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+# --- failures ---------------------------------------------------------------------------------
+
+
+def test_killed_worker_raises_naming_worker_signal_and_samples():
+    loader = ll.DataLoader(Slow(0.1), batch_size=2, num_workers=2)
+    iterator = iter(loader)
+    next(iterator)
+    victim = iterator._workers[1]
+    os.kill(victim.pid, signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError) as caught:
+        for _ in iterator:
+            pass
+    assert time.monotonic() - start < 5
+    message = str(caught.value)
+    assert f"worker 1 (pid {victim.pid})" in message
+    assert "SIGKILL" in message
+    assert "samples [[" in message  # the index lists it held
+    assert all(not w.is_alive() for w in iterator._workers)
+    loader.close()
+
+
+def test_dataset_exception_keeps_type_args_and_traceback():
+    loader = ll.DataLoader(Failing(), batch_size=2, num_workers=2)
+    with pytest.raises(BadSample) as caught:
+        list(loader)
+    assert (caught.value.a, caught.value.b) == (1, 2)
+    notes = "\n".join(getattr(caught.value, "__notes__", []))
+    assert "leanloader DataLoader worker" in notes
+    assert "in __getitem__" in notes and "raise BadSample(1, 2)" in notes
+    loader.close()
+
+
+def test_collate_exception_is_reraised():
+    loader = ll.DataLoader(Squares(), batch_size=2, num_workers=1, collate_fn=failing_collate)
+    with pytest.raises(ValueError, match="cannot collate"):
+        next(iter(loader))
+    loader.close()
+
+
+def test_timeout_raises():
+    loader = ll.DataLoader(Slow(3.0, n=4), batch_size=1, num_workers=1, timeout=1)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="timed out after 1 seconds"):
+        next(iter(loader))
+    assert time.monotonic() - start < 2.9  # (worker start-up counts against the timeout)
+    loader.close()
+
+
+class WithLambda(Squares):
+    def __init__(self) -> None:
+        super().__init__()
+        self.transform = lambda x: x
+
+
+def test_unpicklable_attribute_is_named():
+    with pytest.raises(pickle.PicklingError, match=r"dataset\.transform .*lambda"):
+        next(iter(ll.DataLoader(WithLambda(), num_workers=1)))
+
+    class Local(Squares):
+        pass
+
+    with pytest.raises(pickle.PicklingError, match=r"dataset .*<locals>.*module level"):
+        next(iter(ll.DataLoader(Local(), num_workers=1)))
+
+
+class Records(Squares):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records = [{"path": f"/data/{i}.png", "caption": "x" * 40} for i in range(20000)]
+
+
+def test_large_per_worker_copy_warns_once_with_the_fix():
+    loader = ll.DataLoader(Records(), batch_size=4, num_workers=1, warn_copy_bytes=100_000)
+    with pytest.warns(UserWarning, match=r"dataset\.records.*SharedRecords"):
+        next(iter(loader))
+    loader.close()
+
+
+def test_pin_memory_without_cuda_is_a_noted_no_op():
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is present: pin_memory pins")
+    loader = ll.DataLoader(Squares(), batch_size=4, pin_memory=True)
+    with pytest.warns(UserWarning, match="pin_memory"):
+        assert len(list(loader)) == 6
+
+
+INTERRUPT_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, {tests!r})
+    import leanloader as ll
+    from test_dataloader import Slow
+    loader = ll.DataLoader(Slow(0.2), batch_size=1, num_workers=2)
+    iterator = iter(loader)
+    next(iterator)
+    print(" ".join(str(w.pid) for w in iterator._workers), flush=True)
+    for batch in iterator:
+        pass
+    """
+)
+
+
+def test_ctrl_c_stops_every_worker_cleanly():
+    tests = str(Path(__file__).parent)
+    child = subprocess.Popen(
+        [sys.executable, "-c", INTERRUPT_SCRIPT.format(tests=tests)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    workers = [int(p) for p in child.stdout.readline().split()]
+    os.killpg(child.pid, signal.SIGINT)  # as a terminal does: the whole group
+    try:
+        _, stderr = child.communicate(timeout=5)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert child.returncode != 0
+    assert stderr.count("KeyboardInterrupt") == 1, stderr
+    assert "Fatal Python error" not in stderr
+    time.sleep(0.2)
+    assert not any(_alive(p) for p in workers)
+
+
+# --- memory -----------------------------------------------------------------------------------
+
+
+class LatentsAndRecords(Dataset):
+    """512 MB of NumPy latents and ~100 MB of records in SharedRecords."""
+
+    def __init__(self) -> None:
+        rows = 1024
+        self.latents = np.ones((rows, 131072), dtype=np.float32)  # 512 MiB
+        caption = "a photo of " + "x" * 440
+        self.records = ll.SharedRecords(
+            {"path": f"/data/{i:07d}.png", "caption": caption, "size": i} for i in range(200_000)
+        )
+
+    def __len__(self) -> int:
+        return len(self.latents)
+
+    def __getitem__(self, i: int):
+        record = self.records[i * 100]
+        return self.latents[i][:256].copy(), record["size"]
+
+
+def _peak_unreclaimable(run) -> tuple[int, int]:
+    """(before, peak) unreclaimable bytes of this process tree around run()."""
+    before = _core.process_tree_memory(os.getpid())["unreclaimable_bytes"]
+    peak = before
+    stop = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not stop.wait(0.05):
+            try:
+                memory = _core.process_tree_memory(os.getpid())["unreclaimable_bytes"]
+            except (OSError, RuntimeError):
+                continue
+            peak = max(peak, memory)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        run()
+    finally:
+        stop.set()
+        sampler.join()
+    return before, peak
+
+
+def test_four_workers_share_one_copy_of_the_dataset(record_property):
+    dataset = LatentsAndRecords()
+    dataset_bytes = dataset.latents.nbytes + dataset.records.nbytes
+    assert dataset_bytes > 600e6
+    loader = ll.DataLoader(dataset, batch_size=16, num_workers=4)
+
+    def move() -> None:  # the one-time move of the latents into shared memory
+        loader.setup_bytes()
+
+    before, move_peak = _peak_unreclaimable(move)
+    after_move = _core.process_tree_memory(os.getpid())["unreclaimable_bytes"]
+
+    per_worker: list[dict[str, int]] = []
+
+    def run_ours() -> None:
+        iterator = iter(loader)
+        count = len(next(iterator)[0])
+        for worker in iterator._workers:
+            per_worker.append(_smaps_rollup(worker.pid))
+        count += sum(len(b[0]) for b in iterator)
+        assert count == 1024
+        loader.close()
+
+    _, peak = _peak_unreclaimable(run_ours)
+    ours = max(peak, move_peak) - before
+    workers_part = peak - after_move
+
+    def run_torch() -> None:
+        theirs = torch.utils.data.DataLoader(
+            dataset, batch_size=16, num_workers=4, multiprocessing_context="spawn"
+        )
+        assert sum(len(b[0]) for b in theirs) == 1024
+
+    before, peak = _peak_unreclaimable(run_torch)
+    theirs = peak - before
+    mib = 2**20
+    report = (
+        f"4 workers over {dataset_bytes / mib:.0f} MiB of dataset (512 MiB latents + "
+        f"{dataset.records.nbytes / mib:.0f} MiB SharedRecords): unreclaimable memory (PSS) of "
+        f"the process tree grew {ours / mib:.0f} MiB with ll.DataLoader ({workers_part / mib:.0f} "
+        f"MiB for the 4 workers and their batches, the rest the one-time move of the latents "
+        f"into shared memory) and {theirs / mib:.0f} MiB with torch's DataLoader (spawn)"
+    )
+    print(report)
+    record_property("memory", report)
+    # No worker holds a private copy of the latents or the records: what a
+    # worker adds is its interpreter (Python, numpy, torch), not the dataset.
+    for memory in per_worker:
+        assert memory["Pss_Anon"] < dataset.latents.nbytes / 2, (memory, report)
+        assert memory["Pss_Shmem"] < dataset.records.nbytes / 2, (memory, report)
+    # The whole run stays far below 4 copies (4 x 612 MB) and torch's bill.
+    assert ours < 0.4 * 4 * dataset_bytes, report
+    assert ours < theirs / 3, report
+
+
+def _smaps_rollup(pid: int) -> dict[str, int]:
+    """Bytes per field of /proc/PID/smaps_rollup."""
+    fields = {}
+    with open(f"/proc/{pid}/smaps_rollup") as rollup:
+        for line in rollup:
+            parts = line.split()
+            if len(parts) == 3 and parts[2] == "kB":
+                fields[parts[0].rstrip(":")] = int(parts[1]) * 1024
+    return fields
