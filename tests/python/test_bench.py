@@ -214,3 +214,39 @@ def test_memcpy_bandwidth_is_positive_and_checks_arguments() -> None:
         _core.measure_memcpy_bandwidth(0)
     with pytest.raises(ValueError):
         _core.measure_memcpy_bandwidth(1, 1 << 20, 0)
+
+
+def test_pydataset_ratios_carry_the_marginal_cost_of_a_worker():
+    from leanloader.bench.scenarios import pydataset
+
+    mib = 2**20
+
+    def row(loader, workers, peak, rate, first):
+        return {
+            "loader": loader,
+            "workers": workers,
+            "peak_unreclaimable_bytes": peak * mib,
+            "samples_per_s": rate,
+            "first_batch_s": first,
+        }
+
+    results = [
+        row("leanloader", 1, 500, 900, 1.0),
+        row("leanloader", 2, 520, 1000, 1.0),
+        row("leanloader", 4, 560, 1100, 1.2),
+        row("torch", 1, 900, 400, 2.0),
+        row("torch", 2, 1300, 500, 4.0),
+        row("torch", 4, 2100, 500, 8.0),
+    ]
+    ratios = pydataset.derive_ratios(results)["leanloader/torch"]
+    assert set(ratios) == {
+        "marginal_unreclaimable_per_worker",
+        "peak_unreclaimable_bytes",
+        "samples_per_s",
+        "first_batch_s",
+    }
+    assert ratios["marginal_unreclaimable_per_worker"] == pytest.approx(20 / 400)
+    assert ratios["peak_unreclaimable_bytes"] == pytest.approx(520 / 1300)
+    assert ratios["samples_per_s"] == pytest.approx(2.0)
+    assert ratios["first_batch_s"] == pytest.approx(0.25)
+    assert pydataset.derive_ratios(results[:3]) == {}  # no baseline: nothing to divide

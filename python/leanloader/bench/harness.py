@@ -152,6 +152,8 @@ def run_scenario(
         results.append(result)
 
     ratios = _ratios(scenario, results)
+    for name, figures in scenario.derive_ratios(results).items():
+        ratios.setdefault(name, {}).update(figures)
     return {
         "scenario": scenario.name,
         "size": size_name,

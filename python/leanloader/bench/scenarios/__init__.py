@@ -93,6 +93,9 @@ class Goal:
     loader: str | None = None  # otherwise: on this run's own figure (a run key)
 
 
+DerivedRatios = dict[str, dict[str, float]]
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str
@@ -110,6 +113,10 @@ class Scenario:
     warm_files: Callable[[Mapping[str, Any]], list[str]] = lambda data: []
     # Describes a size for reports: "8192 rows × 256 KiB float32, batch 64".
     describe_size: Callable[[Mapping[str, Any]], str] = lambda size: str(dict(size))
+    # Ratios that need more than two runs (e.g. a slope over worker counts):
+    # derive_ratios(results) -> {"name": {figure: value}}, merged into "ratios"
+    # before the goals are checked.
+    derive_ratios: Callable[[list[dict[str, Any]]], DerivedRatios] = lambda results: {}
 
     def __post_init__(self) -> None:
         keys = [run.run_key for run in self.loaders]
