@@ -1,5 +1,7 @@
 // Zero-copy export of Tensors to NumPy / PyTorch through DLPack.
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <memory>
 #include <vector>

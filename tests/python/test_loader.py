@@ -325,3 +325,13 @@ def test_forked_child_gets_a_clear_error_not_a_hang(id_arrays):
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
     assert message.count("forked child") == 2, message
     assert len([b for b in iterator]) == 99  # the parent goes on
+
+
+def test_core_lists_every_safetensors_dtype_and_ships_type_stubs():
+    import pathlib
+
+    from leanloader import _core
+
+    names = _core.dtype_names()
+    assert {"BOOL", "U8", "I64", "F16", "BF16", "F32", "F64", "F8_E4M3", "F8_E5M2"} <= set(names)
+    assert (pathlib.Path(_core.__file__).parent / "_core.pyi").is_file()
