@@ -57,9 +57,14 @@ def test_report_has_the_documented_keys(quick_report: dict) -> None:
     assert machine["torch"]
 
 
-def test_both_loaders_report_every_figure(quick_report: dict) -> None:
-    results = {result["loader"]: result for result in quick_report["results"]}
-    assert set(results) == {"leanloader", "torch"}
+def _by_key(report: dict) -> dict:
+    return {result.get("key", result["loader"]): result for result in report["results"]}
+
+
+def test_every_loader_reports_every_figure(quick_report: dict) -> None:
+    results = _by_key(quick_report)
+    assert set(results) == {"leanloader", "torch", "torch-forkserver"}
+    assert results["torch-forkserver"]["start_method"] == "forkserver"
     for result in results.values():
         assert result["rounds"] >= 3
         assert result["threads"] == 2
@@ -78,24 +83,31 @@ def test_both_loaders_report_every_figure(quick_report: dict) -> None:
             assert math.isfinite(value) and value > 0, (result["loader"], figure, value)
         assert result["peak_pss_bytes"] >= result["peak_unreclaimable_bytes"]
         assert 0 < result["start_unreclaimable_bytes"] <= result["peak_unreclaimable_bytes"]
-    # The torch baseline runs worker processes and the sampler sees them.
+    # The torch baselines run worker processes and the sampler sees them.
     assert results["torch"]["peak_processes"] >= 3
+    assert results["torch-forkserver"]["peak_processes"] >= 3
     assert results["leanloader"]["peak_processes"] == 1
 
 
 def test_ratios_divide_the_medians(quick_report: dict) -> None:
-    results = {result["loader"]: result for result in quick_report["results"]}
-    ratios = quick_report["ratios"]["leanloader/torch"]
-    for figure in ("samples_per_s", "first_batch_s", "peak_unreclaimable_bytes", "peak_pss_bytes"):
-        expected = results["leanloader"][figure] / results["torch"][figure]
-        assert ratios[figure] == pytest.approx(expected)
-    assert ratios["cpu_s_per_1k_samples"] > 0
+    results = _by_key(quick_report)
+    for baseline in ("torch", "torch-forkserver"):
+        ratios = quick_report["ratios"][f"leanloader/{baseline}"]
+        for figure in (
+            "samples_per_s",
+            "first_batch_s",
+            "peak_unreclaimable_bytes",
+            "peak_pss_bytes",
+        ):
+            expected = results["leanloader"][figure] / results[baseline][figure]
+            assert ratios[figure] == pytest.approx(expected)
+        assert ratios["cpu_s_per_1k_samples"] > 0
 
 
 def test_loaders_alternate_for_at_least_three_rounds(quick_report: dict) -> None:
     rounds = quick_report["rounds"]
     assert len(rounds) >= 3
-    assert all(order == ["leanloader", "torch"] for order in rounds)
+    assert all(order == ["leanloader", "torch", "torch-forkserver"] for order in rounds)
 
 
 def test_goals_are_checked(quick_report: dict) -> None:
