@@ -19,6 +19,7 @@ void bind_memory(nanobind::module_& m);
 void bind_planner(nanobind::module_& m);
 void bind_safetensors(nanobind::module_& m);
 void bind_bandwidth(nanobind::module_& m);
+void bind_python_tasks(nanobind::module_& m);
 void bind_process(nanobind::module_& m);
 
 // Which array type Python receives. Both are zero-copy views through DLPack.

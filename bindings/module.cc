@@ -14,5 +14,6 @@ NB_MODULE(_core, m) {
   bind_planner(m);
   bind_safetensors(m);
   bind_bandwidth(m);
+  bind_python_tasks(m);
   bind_process(m);
 }

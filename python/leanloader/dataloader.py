@@ -804,23 +804,30 @@ atexit.register(_shutdown_all)
 # --- threads --------------------------------------------------------------------------------
 
 
+def _fetch_in_thread(task: tuple[DataLoader, Any]) -> Any:
+    loader, index = task
+    if loader._auto_collation:
+        return loader.collate_fn([loader.dataset[i] for i in index])
+    return loader.collate_fn(loader.dataset[index])
+
+
 class _ThreadIter:
-    """worker_mode="thread": __getitem__ and collate_fn in threads of this
-    process, for map-style datasets that release the GIL. Same order, same
-    base seed draw, no pickling and no copies."""
+    """worker_mode="thread": __getitem__ and collate_fn run in native threads
+    owned by leanloader (its Executor), for map-style datasets that release
+    the GIL. Same order, same base seed draw, no pickling and no copies."""
 
     def __init__(self, loader: DataLoader) -> None:
-        import concurrent.futures
-
         import torch
+
+        from leanloader import _core
 
         if loader._dataset_kind != 0:
             raise ValueError("worker_mode='thread' supports map-style datasets only")
         self._loader = loader
         self._sampler_iter = iter(loader._index_sampler)
         torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
-        self._pool = concurrent.futures.ThreadPoolExecutor(loader.num_workers)
-        self._pending: list[Any] = []
+        self._pool = _core.PythonTaskPool(loader.num_workers)
+        self._pending: list[int] = []
         self._depth = loader.prefetch_factor * loader.num_workers
         for _ in range(self._depth):
             self._submit()
@@ -830,23 +837,23 @@ class _ThreadIter:
             index = next(self._sampler_iter)
         except StopIteration:
             return
-        self._pending.append(self._pool.submit(self._fetch, index))
-
-    def _fetch(self, index: Any) -> Any:
-        loader = self._loader
-        if loader._auto_collation:
-            return loader.collate_fn([loader.dataset[i] for i in index])
-        return loader.collate_fn(loader.dataset[index])
+        # The task must not reference this iterator: a queued task held in
+        # C++ would keep it alive in a cycle the garbage collector cannot see.
+        self._pending.append(self._pool.submit(_fetch_in_thread, (self._loader, index)))
 
     def __iter__(self) -> _ThreadIter:
         return self
 
     def __next__(self) -> Any:
         if not self._pending:
-            self._pool.shutdown(wait=False)
+            self._pool.close()
             raise StopIteration
-        future = self._pending.pop(0)
-        timeout = self._loader.timeout or None
-        result = future.result(timeout=timeout)
+        task = self._pending.pop(0)
+        result = self._pool.result(task, timeout=float(self._loader.timeout or 0))
         self._submit()
         return result
+
+    def __del__(self) -> None:
+        pool = getattr(self, "_pool", None)
+        if pool is not None:
+            pool.close()

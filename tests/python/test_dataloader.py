@@ -282,6 +282,33 @@ def test_thread_mode_matches_torch():
     _assert_same(list(ours), list(theirs))
 
 
+class ThreadRecording(torch.utils.data.Dataset):
+    """Records which thread ran each __getitem__; raises at index 13."""
+
+    def __init__(self):
+        self.threads = set()
+
+    def __len__(self):
+        return 24
+
+    def __getitem__(self, index):
+        self.threads.add(threading.current_thread())
+        if index == 13:
+            raise KeyError(f"no sample {index}")
+        return torch.tensor([index])
+
+
+def test_thread_mode_runs_in_native_threads_and_reraises_with_type():
+    dataset = ThreadRecording()
+    loader = ll.DataLoader(dataset, batch_size=4, num_workers=2, worker_mode="thread")
+    with pytest.raises(KeyError, match="no sample 13"):
+        list(loader)
+    assert dataset.threads
+    # Threads Python did not start show up as threading._DummyThread.
+    assert all(isinstance(t, threading._DummyThread) for t in dataset.threads)
+    assert threading.main_thread() not in dataset.threads
+
+
 # --- start methods ----------------------------------------------------------------------------
 
 
