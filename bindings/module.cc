@@ -16,4 +16,5 @@ NB_MODULE(_core, m) {
   bind_bandwidth(m);
   bind_python_tasks(m);
   bind_process(m);
+  bind_cache(m);
 }

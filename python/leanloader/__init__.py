@@ -9,6 +9,7 @@ from __future__ import annotations
 from leanloader._core import Error, FormatError
 from leanloader.audit import audit
 from leanloader.autobatch import AutoBatch
+from leanloader.cache import TensorCache
 from leanloader.dataloader import DataLoader
 from leanloader.loader import Loader
 from leanloader.memory import memory_report
@@ -28,6 +29,7 @@ __all__ = [
     "NpySource",
     "SharedRecords",
     "Source",
+    "TensorCache",
     "audit",
     "batch_defaults",
     "estimate_memory",
