@@ -18,13 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
-        try:
-            module = importlib.import_module(f"leanloader.commands.{name}")
-        except ModuleNotFoundError as error:
-            if error.name != f"leanloader.commands.{name}":
-                raise
-            continue  # a subcommand that is not part of this build
-        module.add_parser(subparsers)
+        importlib.import_module(f"leanloader.commands.{name}").add_parser(subparsers)
     return parser
 
 
