@@ -1,12 +1,10 @@
 #include "leanloader/content_hash.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
+#include "detail/file_io.h"
 #include "leanloader/error.h"
 
 namespace leanloader {
@@ -123,24 +121,15 @@ uint64_t xxh64(std::span<const std::byte> bytes, uint64_t seed) noexcept {
 }
 
 std::string content_hash_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw IoError("cannot open", path, errno);
+  const detail::File file(path);
   Xxh64 hasher;
-  std::vector<std::byte> chunk(size_t{4} << 20);
-  uint64_t offset = 0;
-  while (true) {
-    const ssize_t n = ::pread(fd, chunk.data(), chunk.size(), static_cast<off_t>(offset));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const int error_number = errno;
-      ::close(fd);
-      throw IoError("cannot read", path, error_number);
-    }
-    if (n == 0) break;
-    hasher.update(std::span(chunk.data(), static_cast<size_t>(n)));
-    offset += static_cast<uint64_t>(n);
+  std::vector<std::byte> chunk(std::min<size_t>(file.size(), size_t{4} << 20));
+  for (size_t offset = 0; offset < file.size();) {
+    const size_t n = std::min(chunk.size(), file.size() - offset);
+    file.read_exact(offset, {chunk.data(), n});
+    hasher.update(std::span(chunk.data(), n));
+    offset += n;
   }
-  ::close(fd);
   static constexpr char kHex[] = "0123456789abcdef";
   const uint64_t h = hasher.digest();
   std::string out = "xxh64:";

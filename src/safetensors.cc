@@ -1,18 +1,12 @@
 #include "leanloader/safetensors.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <chrono>
 #include <cstring>
-#include <random>
 #include <set>
 #include <string_view>
 #include <unordered_set>
 
+#include "detail/file_io.h"
 #include "detail/json.h"
 #include "leanloader/error.h"
 
@@ -396,55 +390,11 @@ SafetensorsHeader parse_safetensors_header(std::span<const std::byte> file_bytes
   return header;
 }
 
-namespace {
-
-// Reads exactly `size` bytes at `offset`; returns false at end of file.
-bool pread_all(int fd, std::byte* out, size_t size, uint64_t offset, const std::string& path) {
-  size_t done = 0;
-  while (done < size) {
-    const ssize_t n = ::pread(fd, out + done, size - done, static_cast<off_t>(offset + done));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw IoError("cannot read", path, errno);
-    }
-    if (n == 0) return false;
-    done += static_cast<size_t>(n);
-  }
-  return true;
-}
-
-class FileDescriptor {
- public:
-  explicit FileDescriptor(int fd) : fd_(fd) {}
-  ~FileDescriptor() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  FileDescriptor(const FileDescriptor&) = delete;
-  FileDescriptor& operator=(const FileDescriptor&) = delete;
-  int get() const noexcept { return fd_; }
-  // Closes now and reports the error (close can report a deferred write error).
-  int close() noexcept {
-    const int result = ::close(fd_);
-    fd_ = -1;
-    return result;
-  }
-
- private:
-  int fd_;
-};
-
-}  // namespace
-
 SafetensorsHeader read_safetensors_header(const std::string& path) {
-  FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) throw IoError("cannot open", path, errno);
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) throw IoError("cannot stat", path, errno);
-  const auto file_size = static_cast<uint64_t>(st.st_size);
+  const detail::File file(path);
+  const uint64_t file_size = file.size();
   std::vector<std::byte> bytes(std::min<uint64_t>(file_size, 8));
-  if (!pread_all(fd.get(), bytes.data(), bytes.size(), 0, path)) {
-    throw IoError("file shrank while reading", path, EIO);
-  }
+  file.read_exact(0, bytes);
   if (bytes.size() == 8) {
     uint64_t header_size = 0;
     for (int i = 7; i >= 0; --i) {
@@ -454,9 +404,7 @@ SafetensorsHeader read_safetensors_header(const std::string& path) {
     // rejects the length from the first 8 bytes alone.
     if (header_size <= kSafetensorsMaxHeaderSize && 8 + header_size <= file_size) {
       bytes.resize(8 + header_size);
-      if (!pread_all(fd.get(), bytes.data() + 8, header_size, 8, path)) {
-        throw IoError("file shrank while reading", path, EIO);
-      }
+      file.read_exact(8, {bytes.data() + 8, header_size});
     }
   }
   return parse_safetensors_header(bytes, file_size, path);
@@ -589,118 +537,31 @@ std::string format_safetensors_header(
   return json;
 }
 
-namespace {
-
-// Buffers small pieces and writes large ones straight through, so that a file
-// of many small tensors costs few syscalls and a big one no extra copy.
-class FileWriter {
- public:
-  FileWriter(int fd, const std::string& path) : fd_(fd), path_(path) {
-    buffer_.reserve(kBufferSize);
-  }
-
-  void write(const std::byte* data, size_t size) {
-    if (size >= kBufferSize / 4) {
-      flush();
-      write_through(data, size);
-      return;
-    }
-    if (buffer_.size() + size > kBufferSize) flush();
-    buffer_.insert(buffer_.end(), data, data + size);
-  }
-
-  void flush() {
-    write_through(buffer_.data(), buffer_.size());
-    buffer_.clear();
-  }
-
- private:
-  static constexpr size_t kBufferSize = size_t{1} << 20;
-
-  void write_through(const std::byte* data, size_t size) {
-    while (size > 0) {
-      const ssize_t n = ::write(fd_, data, size);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        throw IoError("cannot write", path_, errno);
-      }
-      data += n;
-      size -= static_cast<size_t>(n);
-    }
-  }
-
-  int fd_;
-  const std::string& path_;
-  std::vector<std::byte> buffer_;
-};
-
-std::string temporary_path(const std::string& path) {
-  static thread_local std::mt19937_64 generator = [] {
-    std::random_device device;
-    const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
-    return std::mt19937_64((static_cast<uint64_t>(device()) << 32) ^ static_cast<uint64_t>(now) ^
-                           static_cast<uint64_t>(::getpid()));
-  }();
-  static constexpr char kHex[] = "0123456789abcdef";
-  uint64_t bits = generator();
-  std::string suffix;
-  for (int i = 0; i < 12; ++i, bits >>= 4) suffix.push_back(kHex[bits & 0xF]);
-  return path + ".tmp." + std::to_string(::getpid()) + "." + suffix;
-}
-
-std::string parent_directory(const std::string& path) {
-  const size_t slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
-}  // namespace
-
 void save_safetensors(const std::string& path,
                       const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const std::optional<std::map<std::string, std::string>>& metadata) {
   std::vector<size_t> order;
   const std::string header = format_safetensors_header(tensors, metadata, &order);
 
-  const std::string temp = temporary_path(path);
-  FileDescriptor fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666));
-  if (fd.get() < 0) throw IoError("cannot create", temp, errno);
-  try {
-    FileWriter writer(fd.get(), temp);
-    std::byte length[8];
-    const uint64_t header_size = header.size();
-    for (int i = 0; i < 8; ++i) length[i] = static_cast<std::byte>(header_size >> (8 * i));
-    writer.write(length, sizeof(length));
-    writer.write(reinterpret_cast<const std::byte*>(header.data()), header.size());
-    std::vector<std::byte> scratch;
-    for (const size_t i : order) {
-      const Tensor& tensor = tensors[i].second;
-      if (tensor.nbytes() == 0) continue;
-      if (tensor.is_contiguous()) {
-        writer.write(tensor.data(), tensor.nbytes());
-      } else {
-        scratch.resize(tensor.nbytes());
-        tensor.copy_to(scratch.data());
-        writer.write(scratch.data(), scratch.size());
-      }
+  detail::AtomicFileWriter out(path);
+  std::byte length[8];
+  const uint64_t header_size = header.size();
+  for (int i = 0; i < 8; ++i) length[i] = static_cast<std::byte>(header_size >> (8 * i));
+  out.write(length, sizeof(length));
+  out.write(header);
+  std::vector<std::byte> scratch;
+  for (const size_t i : order) {
+    const Tensor& tensor = tensors[i].second;
+    if (tensor.nbytes() == 0) continue;
+    if (tensor.is_contiguous()) {
+      out.write(tensor.data(), tensor.nbytes());
+    } else {
+      scratch.resize(tensor.nbytes());
+      tensor.copy_to(scratch.data());
+      out.write(scratch.data(), scratch.size());
     }
-    writer.flush();
-    if (::fsync(fd.get()) != 0) throw IoError("cannot fsync", temp, errno);
-    if (fd.close() != 0) throw IoError("cannot close", temp, errno);
-    if (::rename(temp.c_str(), path.c_str()) != 0) {
-      throw IoError("cannot rename '" + temp + "' to", path, errno);
-    }
-  } catch (...) {
-    if (fd.get() >= 0) fd.close();
-    ::unlink(temp.c_str());
-    throw;
   }
-  // The rename is durable only once the directory entry is on disk.
-  const std::string directory = parent_directory(path);
-  FileDescriptor dir(::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (dir.get() < 0) throw IoError("cannot open directory", directory, errno);
-  if (::fsync(dir.get()) != 0) throw IoError("cannot fsync directory", directory, errno);
+  out.commit();
 }
 
 }  // namespace leanloader

@@ -8,8 +8,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
-#include <random>
 #include <set>
 
 #include "leanloader/cache_manifest.h"
@@ -68,92 +66,13 @@ bool is_cache_temp_name(std::string_view name) noexcept {
   return is_shard_name(base) || base == kCacheManifestName || is_rank_manifest_name(base);
 }
 
-std::string temporary_path(const std::string& path) {
-  static thread_local std::mt19937_64 generator = [] {
-    std::random_device device;
-    const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
-    return std::mt19937_64((static_cast<uint64_t>(device()) << 32) ^ static_cast<uint64_t>(now) ^
-                           static_cast<uint64_t>(::getpid()));
-  }();
-  static constexpr char kHex[] = "0123456789abcdef";
-  uint64_t bits = generator();
-  std::string suffix;
-  for (int i = 0; i < 12; ++i, bits >>= 4) suffix.push_back(kHex[bits & 0xF]);
-  return path + ".tmp." + std::to_string(::getpid()) + "." + suffix;
-}
-
-void fsync_directory(const std::string& directory) {
-  const int fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) throw IoError("cannot open directory", directory, errno);
-  const int result = ::fsync(fd);
-  const int error_number = errno;
-  ::close(fd);
-  if (result != 0) throw IoError("cannot fsync directory", directory, error_number);
-}
-
-namespace {
-
-std::string parent_of(const std::string& path) {
-  const size_t slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
-}  // namespace
-
 void write_file_atomically(const std::string& path, std::string_view bytes) {
-  const std::string temp = temporary_path(path);
-  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-  if (fd < 0) throw IoError("cannot create", temp, errno);
-  try {
-    size_t done = 0;
-    while (done < bytes.size()) {
-      const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        throw IoError("cannot write", temp, errno);
-      }
-      done += static_cast<size_t>(n);
-    }
-    if (::fsync(fd) != 0) throw IoError("cannot fsync", temp, errno);
-    const int closed = ::close(fd);
-    if (closed != 0) {
-      ::unlink(temp.c_str());
-      throw IoError("cannot close", temp, errno);
-    }
-  } catch (...) {
-    ::close(fd);
-    ::unlink(temp.c_str());
-    throw;
-  }
-  if (::rename(temp.c_str(), path.c_str()) != 0) {
-    const int error_number = errno;
-    ::unlink(temp.c_str());
-    throw IoError("cannot rename '" + temp + "' to", path, error_number);
-  }
-  fsync_directory(parent_of(path));
+  AtomicFileWriter out(path);
+  out.write(bytes);
+  out.commit();
 }
 
-std::string read_text_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw IoError("cannot open", path, errno);
-  std::string out;
-  char buffer[1 << 16];
-  while (true) {
-    const ssize_t n = ::read(fd, buffer, sizeof(buffer));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const int error_number = errno;
-      ::close(fd);
-      throw IoError("cannot read", path, error_number);
-    }
-    if (n == 0) break;
-    out.append(buffer, static_cast<size_t>(n));
-  }
-  ::close(fd);
-  return out;
-}
+std::string read_text_file(const std::string& path) { return read_whole_file(path); }
 
 CacheLock& CacheLock::operator=(CacheLock&& other) noexcept {
   if (this != &other) {

@@ -16,6 +16,8 @@
 #include <string_view>
 #include <vector>
 
+#include "detail/file_io.h"
+
 namespace leanloader::detail {
 
 // "<dir>/<name>"
@@ -35,14 +37,8 @@ bool is_shard_name(std::string_view name) noexcept;
 bool is_rank_manifest_name(std::string_view name) noexcept;
 bool is_cache_temp_name(std::string_view name) noexcept;
 
-// "<path>.tmp.<pid>.<12 random hex digits>", unique per call.
-std::string temporary_path(const std::string& path);
-
-// fsyncs a directory so that renames and unlinks in it are durable.
-void fsync_directory(const std::string& directory);
-
-// Writes `bytes` to `path` atomically (temp + fsync + rename + directory
-// fsync). Throws IoError after removing the temp file.
+// Writes `bytes` to `path` atomically (AtomicFileWriter: temp + fsync +
+// rename + directory fsync). Throws IoError after removing the temp file.
 void write_file_atomically(const std::string& path, std::string_view bytes);
 
 // Reads a whole (small) file. Throws IoError.

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace leanloader::detail {
@@ -35,5 +36,46 @@ class File {
 };
 
 std::vector<std::byte> read_file_prefix(const std::string& path, size_t max_bytes);
+
+// Reads a whole file into a string. Throws IoError.
+std::string read_whole_file(const std::string& path);
+
+// The directory part of `path` ("." when it has none).
+std::string parent_directory(const std::string& path);
+
+// fsyncs a directory so that renames and unlinks in it are durable.
+void fsync_directory(const std::string& directory);
+
+// Writes a file so that a reader (or a crash at any byte) sees either the old
+// file or the complete new one, never a part: bytes go to
+// "<path>.tmp.<pid>.<12 random hex digits>" beside the target (created with
+// O_EXCL), and commit() fsyncs it, renames it over `path` and fsyncs the
+// directory. Destroyed without commit(), or when any step fails, the
+// temporary file is removed. Small writes are buffered; large ones go
+// straight through. Not thread-safe.
+class AtomicFileWriter {
+ public:
+  explicit AtomicFileWriter(std::string path);
+  ~AtomicFileWriter();
+  AtomicFileWriter(const AtomicFileWriter&) = delete;
+  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
+
+  void write(const std::byte* data, size_t size);
+  void write(std::string_view text) {
+    write(reinterpret_cast<const std::byte*>(text.data()), text.size());
+  }
+  void commit();
+  const std::string& temporary_path() const noexcept { return temp_; }
+
+ private:
+  void flush();
+  void write_through(const std::byte* data, size_t size);
+  void discard() noexcept;
+
+  std::string path_;
+  std::string temp_;
+  int fd_ = -1;
+  std::vector<std::byte> buffer_;
+};
 
 }  // namespace leanloader::detail
