@@ -26,36 +26,6 @@ namespace leanloader::bindings {
 
 namespace {
 
-using InputArray = nb::ndarray<nb::ro, nb::device::cpu>;
-
-// A Tensor viewing `array` without keeping it alive: the caller holds the
-// array for as long as the Tensor is used (CacheWriter::add copies at once).
-Tensor borrowed_view(const std::string& name, const InputArray& array) {
-  const nb::dlpack::dtype type = array.dtype();
-  const std::optional<DType> dtype =
-      type.lanes == 1 ? dtype_from_dlpack(DLPackType{type.code, type.bits}) : std::nullopt;
-  if (!dtype) {
-    throw InvalidArgument("tensor '" + name + "' has a dtype a cache cannot store");
-  }
-  Shape shape(array.ndim());
-  Shape strides(array.ndim());
-  size_t last = 0;
-  bool empty = false;
-  for (size_t i = 0; i < array.ndim(); ++i) {
-    shape[i] = static_cast<int64_t>(array.shape(i));
-    strides[i] = array.stride(i);
-    if (strides[i] < 0) {
-      throw InvalidArgument("tensor '" + name + "' has a negative stride; pass a contiguous copy");
-    }
-    if (shape[i] == 0) empty = true;
-    if (shape[i] > 0) last += static_cast<size_t>(shape[i] - 1) * static_cast<size_t>(strides[i]);
-  }
-  const size_t extent = empty ? 0 : (last + 1) * dtype_size(*dtype);
-  auto* data = static_cast<std::byte*>(const_cast<void*>(static_cast<const void*>(array.data())));
-  auto storage = std::make_shared<ExternalStorage>(data, extent, nullptr);
-  return Tensor(std::move(storage), 0, *dtype, std::move(shape), std::move(strides));
-}
-
 nb::dict fingerprint_to_dict(const SourceFingerprint& fp) {
   nb::dict out;
   out["path"] = fp.path;
@@ -214,7 +184,7 @@ void bind_cache(nb::module_& m) {
                 throw nb::type_error(
                     ("tensor '" + name + "' of entry '" + key + "' is not a CPU array").c_str());
               }
-              views.emplace_back(name, borrowed_view(name, array));
+              views.emplace_back(name, tensor_view_of(array, name, ArrayLifetime::kBorrowed));
               arrays.push_back(std::move(array));
             }
             nb::gil_scoped_release release;

@@ -22,40 +22,6 @@ namespace leanloader::bindings {
 
 namespace {
 
-// Any CPU array that speaks DLPack or the buffer protocol (NumPy, torch).
-using InputArray = nb::ndarray<nb::ro, nb::device::cpu>;
-
-// A Tensor viewing `array`'s memory without copying. The storage has no
-// release callback: the caller keeps `array` alive (and drops it with the
-// GIL held) for as long as the Tensor is used.
-Tensor view_of(const std::string& name, const InputArray& array) {
-  const nb::dlpack::dtype type = array.dtype();
-  const std::optional<DType> dtype =
-      type.lanes == 1 ? dtype_from_dlpack(DLPackType{type.code, type.bits}) : std::nullopt;
-  if (!dtype) {
-    throw InvalidArgument("tensor '" + name + "' has a dtype (DLPack code " +
-                          std::to_string(type.code) + ", " + std::to_string(type.bits) + " bits, " +
-                          std::to_string(type.lanes) + " lanes) that safetensors cannot store");
-  }
-  Shape shape(array.ndim());
-  Shape strides(array.ndim());
-  size_t last = 0;
-  bool empty = false;
-  for (size_t i = 0; i < array.ndim(); ++i) {
-    shape[i] = static_cast<int64_t>(array.shape(i));
-    strides[i] = array.stride(i);
-    if (strides[i] < 0) {
-      throw InvalidArgument("tensor '" + name + "' has a negative stride; pass a contiguous copy");
-    }
-    if (shape[i] == 0) empty = true;
-    if (shape[i] > 0) last += static_cast<size_t>(shape[i] - 1) * static_cast<size_t>(strides[i]);
-  }
-  const size_t extent = empty ? 0 : (last + 1) * dtype_size(*dtype);
-  auto* data = static_cast<std::byte*>(const_cast<void*>(static_cast<const void*>(array.data())));
-  auto storage = std::make_shared<ExternalStorage>(data, extent, nullptr);
-  return Tensor(std::move(storage), 0, *dtype, std::move(shape), std::move(strides));
-}
-
 nb::dict header_to_dict(const SafetensorsHeader& header) {
   nb::dict tensors;
   for (const SafetensorsEntry& entry : header.tensors) {
@@ -131,7 +97,7 @@ void bind_safetensors(nb::module_& m) {
                                   ", not a CPU array (NumPy or torch, via DLPack)")
                                      .c_str());
           }
-          views.emplace_back(name, view_of(name, array));
+          views.emplace_back(name, tensor_view_of(array, name, ArrayLifetime::kBorrowed));
           arrays.push_back(std::move(array));
         }
         nb::gil_scoped_release release;

@@ -19,48 +19,6 @@ namespace leanloader::bindings {
 
 namespace {
 
-using CpuArray = nb::ndarray<nb::ro, nb::device::cpu>;
-
-bool interpreter_is_finalizing() {
-#if PY_VERSION_HEX >= 0x030D0000
-  return Py_IsFinalizing() != 0;
-#else
-  return _Py_IsFinalizing() != 0;
-#endif
-}
-
-// A Tensor viewing the caller's array. The Storage keeps a reference to the
-// array; it is dropped with the GIL held from whichever thread releases the
-// last view. At interpreter exit the reference is left to the OS.
-Tensor view_of(const CpuArray& array, const std::string& name) {
-  const auto dtype = dtype_from_dlpack({array.dtype().code, array.dtype().bits});
-  if (!dtype.has_value() || array.dtype().lanes != 1) {
-    throw nb::type_error(("array '" + name + "' has a dtype leanloader does not handle").c_str());
-  }
-  Shape shape, strides;
-  size_t last_byte = 0;
-  for (size_t i = 0; i < array.ndim(); ++i) {
-    shape.push_back(static_cast<int64_t>(array.shape(i)));
-    strides.push_back(array.stride(i));
-    if (array.stride(i) < 0) {
-      throw nb::value_error(
-          ("array '" + name + "' has negative strides; pass a copy (np.ascontiguousarray)")
-              .c_str());
-    }
-    if (array.shape(i) > 0)
-      last_byte += (array.shape(i) - 1) * static_cast<size_t>(array.stride(i));
-  }
-  const size_t extent = array.size() == 0 ? 0 : (last_byte + 1) * dtype_size(*dtype);
-  auto* keep_alive = new CpuArray(array);
-  auto storage = std::make_shared<ExternalStorage>(
-      static_cast<std::byte*>(const_cast<void*>(array.data())), extent, [keep_alive] {
-        if (!Py_IsInitialized() || interpreter_is_finalizing()) return;
-        nb::gil_scoped_acquire gil;
-        delete keep_alive;
-      });
-  return Tensor(std::move(storage), 0, *dtype, std::move(shape), std::move(strides));
-}
-
 nb::list fields_of(const Source& source) {
   nb::list fields;
   for (const FieldSpec& field : source.fields()) {
@@ -85,9 +43,10 @@ void bind_sources(nb::module_& m) {
   nb::class_<ArraySource, Source>(m, "ArraySource")
       .def(
           "__init__",
-          [](ArraySource* self, const std::vector<std::pair<std::string, CpuArray>>& arrays) {
+          [](ArraySource* self, const std::vector<std::pair<std::string, InputArray>>& arrays) {
             std::vector<ArraySource::Field> fields;
-            for (const auto& [name, array] : arrays) fields.push_back({name, view_of(array, name)});
+            for (const auto& [name, array] : arrays)
+              fields.push_back({name, tensor_view_of(array, name, ArrayLifetime::kShared)});
             new (self) ArraySource(std::move(fields));
           },
           nb::arg("arrays"), "Samples are rows of the given arrays, viewed without copying.");

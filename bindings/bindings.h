@@ -3,6 +3,7 @@
 #pragma once
 
 #include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
 
 #include <string>
 
@@ -33,6 +34,19 @@ OutputFramework parse_output_framework(const std::string& name);
 // its pool). Raises TypeError for a dtype the framework cannot represent
 // (NumPy has no bfloat16 or float8).
 nanobind::object tensor_to_python(const Tensor& tensor, OutputFramework framework);
+
+// Any CPU array that speaks DLPack or the buffer protocol (NumPy, torch).
+using InputArray = nanobind::ndarray<nanobind::ro, nanobind::device::cpu>;
+
+// How a Tensor made from a caller's array relates to the array.
+enum class ArrayLifetime {
+  kBorrowed,  // the caller keeps the array alive while the Tensor is used
+  kShared,    // the Tensor's Storage holds a reference (dropped with the GIL)
+};
+
+// A Tensor viewing `array`'s memory without copying. Throws InvalidArgument
+// naming `name` for a dtype leanloader does not handle or negative strides.
+Tensor tensor_view_of(const InputArray& array, const std::string& name, ArrayLifetime lifetime);
 
 // Raises the Python exception that corresponds to a leanloader::Error
 // (used by the exception translator and by code that stores errors).

@@ -335,3 +335,8 @@ def test_core_lists_every_safetensors_dtype_and_ships_type_stubs():
     names = _core.dtype_names()
     assert {"BOOL", "U8", "I64", "F16", "BF16", "F32", "F64", "F8_E4M3", "F8_E5M2"} <= set(names)
     assert (pathlib.Path(_core.__file__).parent / "_core.pyi").is_file()
+
+
+def test_array_source_rejects_a_dtype_it_cannot_carry():
+    with pytest.raises(ValueError, match="'z' has a dtype"):
+        ll.ArraySource({"z": np.zeros(4, dtype=np.complex128)})
