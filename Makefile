@@ -83,8 +83,9 @@ fuzz:
 test-python: setup
 	$(PY) -m pytest -q tests/python
 
+BENCH_SCENARIOS ?= arrays latents pydataset
 bench: setup
-	$(BIN)/leanloader bench arrays
+	@for scenario in $(BENCH_SCENARIOS); do $(BIN)/leanloader bench $$scenario; done
 
 format: | $(VENV)/.requirements
 	clang-format -i $$(find include src bindings tests/cpp fuzz -name '*.h' -o -name '*.cc')
