@@ -29,17 +29,18 @@ std::shared_ptr<NpySource> NpySource::from_arrays(
   std::string paths;
   for (const auto& [name, path] : fields) {
     MappedArray array;
-    array.file = MappedFile::open(path);
-    const std::span<const std::byte> bytes(array.file->data(), array.file->size());
-    array.header = parse_npy_header(bytes, path);
+    array.path = path;
+    array.reader = std::make_shared<detail::File>(path);
+    array.header = parse_npy_header(array.reader->read_prefix(kNpyMaxHeaderBytes), path);
     const NpyHeader& header = array.header;
     const size_t needed = header.data_offset + data_bytes(header);
-    if (needed > array.file->size()) {
+    if (needed > array.reader->size()) {
       throw FormatError("'" + path + "': truncated .npy file: the header describes " +
                         shape_to_string(header.shape) + " " +
                         std::string(dtype_name(header.dtype)) + " (" + std::to_string(needed) +
-                        " bytes) but the file has " + std::to_string(array.file->size()));
+                        " bytes) but the file has " + std::to_string(array.reader->size()));
     }
+    if (header.fortran_order) array.mapping = MappedFile::open(path);
     if (header.shape.empty()) {
       throw InvalidArgument("'" + path + "' holds a scalar; NpySource needs rows (dimension 0)");
     }
@@ -113,11 +114,14 @@ void NpySource::read_sample(int64_t index, SampleWriter& writer) const {
 void NpySource::read_from_arrays(int64_t index, SampleWriter& writer) const {
   for (size_t f = 0; f < arrays_.size(); ++f) {
     const MappedArray& array = arrays_[f];
-    const std::byte* row =
-        array.file->data() + array.header.data_offset + static_cast<size_t>(index) * array.row_step;
+    const size_t offset = array.header.data_offset + static_cast<size_t>(index) * array.row_step;
     const std::span<std::byte> dst = writer.field_buffer(f, array.row_shape);
-    copy_strided(row, array.row_shape, array.row_strides, dtype_size(array.header.dtype),
-                 dst.data());
+    if (array.mapping == nullptr) {
+      array.reader->read_exact(offset, dst);  // a C-order row is contiguous
+    } else {
+      copy_strided(array.mapping->data() + offset, array.row_shape, array.row_strides,
+                   dtype_size(array.header.dtype), dst.data());
+    }
   }
 }
 
@@ -146,7 +150,7 @@ void NpySource::read_from_file(int64_t index, SampleWriter& writer) const {
 
 std::string NpySource::sample_location(int64_t index) const {
   if (!files_.empty()) return files_[static_cast<size_t>(index)];
-  return arrays_.front().file->path() + " row " + std::to_string(index);
+  return arrays_.front().path + " row " + std::to_string(index);
 }
 
 }  // namespace leanloader

@@ -1,8 +1,11 @@
 // NpySource: samples from .npy files.
 //
 // Two layouts:
-// - arrays: one .npy per field, memory-mapped; row i of every file is sample i.
-//   Mapped pages are page cache, shared by every thread and process.
+// - arrays: one .npy per field; row i of every file is sample i. A row is
+//   read with pread straight into the batch slot (C order), which costs no
+//   page faults in this process; Fortran-ordered arrays are memory-mapped and
+//   their strided rows gathered. Either way the pages are page cache, shared
+//   by every thread and process.
 // - directory: one .npy per sample (sorted by name), a single field; each
 //   read opens the file and preads its data straight into the batch slot.
 #pragma once
@@ -17,6 +20,10 @@
 #include "leanloader/storage.h"
 
 namespace leanloader {
+
+namespace detail {
+class File;
+}  // namespace detail
 
 class NpySource final : public Source {
  public:
@@ -38,7 +45,9 @@ class NpySource final : public Source {
 
  private:
   struct MappedArray {
-    std::shared_ptr<MappedFile> file;
+    std::string path;
+    std::shared_ptr<detail::File> reader;  // C order: rows are pread
+    std::shared_ptr<MappedFile> mapping;   // Fortran order: rows are gathered
     NpyHeader header;
     Shape row_shape;
     Shape row_strides;    // elements
