@@ -45,7 +45,7 @@ setup: $(VENV)/.installed
 demo: setup
 	$(BIN)/leanloader demo
 
-test: test-cpp test-sanitize test-fuzz test-python
+test: lint test-cpp test-sanitize test-fuzz test-python
 
 build/cpp/build.ninja: | $(VENV)/.requirements
 	cmake -S . -B build/cpp -G Ninja -DCMAKE_BUILD_TYPE=Release -DLEANLOADER_BUILD_TESTS=ON
@@ -89,13 +89,14 @@ bench: setup
 
 format: | $(VENV)/.requirements
 	clang-format -i $$(find include src bindings tests/cpp fuzz -name '*.h' -o -name '*.cc')
-	$(BIN)/ruff format python tests/python benchmarks examples
-	$(BIN)/ruff check --fix python tests/python benchmarks examples
+	$(BIN)/ruff format python tests/python examples
+	$(BIN)/ruff check --fix python tests/python examples
 
+# Style is part of the tests: clang-format (.clang-format) and ruff (pyproject.toml).
 lint: | $(VENV)/.requirements
 	clang-format --dry-run --Werror $$(find include src bindings tests/cpp fuzz -name '*.h' -o -name '*.cc')
-	$(BIN)/ruff format --check python tests/python benchmarks examples
-	$(BIN)/ruff check python tests/python benchmarks examples
+	$(BIN)/ruff format --check python tests/python examples
+	$(BIN)/ruff check python tests/python examples
 
 clean:
 	rm -rf build $(VENV)
