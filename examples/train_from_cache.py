@@ -39,28 +39,33 @@ def main() -> None:
 
     # Encode once: the cache keeps one copy on disk, memory-mapped by every reader.
     projection = torch.randn(3 * 32 * 32, 64, generator=torch.Generator().manual_seed(0))
+    projection /= (3 * 32 * 32) ** 0.5
 
     def encode(batch):
         flat = batch["image"].reshape(len(batch["image"]), -1)
-        return {"latent": (flat @ projection).to(torch.bfloat16)}
+        # The model learns to predict the image's brightness from its latent.
+        return {
+            "latent": (flat @ projection).to(torch.bfloat16),
+            "target": flat.mean(dim=1, keepdim=True),
+        }
 
     cache = ll.TensorCache(work / "cache")
     cache.build(images, encode=encode, batch_size=64, progress=False, config={"dim": 64})
 
     model = torch.nn.Linear(64, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     loader = ll.Loader(cache, batch_size=32, shuffle=True, seed=0, num_threads=2)
     print(f"{len(cache)} cached samples; batch memory planned: {loader.memory_bill()} bytes")
     for epoch in range(args.epochs):
         loader.set_epoch(epoch)
         total = 0.0
         for batch in loader:
-            latent = batch["latent"].float()
-            loss = model(latent).pow(2).mean()
+            prediction = model(batch["latent"].float())
+            loss = torch.nn.functional.mse_loss(prediction, batch["target"])
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-            total += float(loss)
+            total += loss.item()
         print(f"epoch {epoch}: mean loss {total / len(loader):.4f}")
     print(ll.memory_report(tree=False)["total"]["pss_anon_bytes"] // 2**20, "MiB private")
 
