@@ -87,6 +87,10 @@ def test_every_loader_reports_every_figure(quick_report: dict) -> None:
     assert results["torch"]["peak_processes"] >= 3
     assert results["torch-forkserver"]["peak_processes"] >= 3
     assert results["leanloader"]["peak_processes"] == 1
+    # Forkserver workers are the fork server's children; their CPU (each
+    # imports torch: well over 0.3 s) must still be counted.
+    forkserver = results["torch-forkserver"]
+    assert forkserver["cpu_s_per_1k_samples"] * forkserver["samples"] / 1000 > 0.3
 
 
 def test_ratios_divide_the_medians(quick_report: dict) -> None:

@@ -70,6 +70,17 @@ def cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
+def _stop_fork_server() -> None:
+    """Stops multiprocessing's fork server, if one was started, and waits for
+    it: workers started with "forkserver" are its children, not ours, so
+    their CPU reaches this process's RUSAGE_CHILDREN only through it."""
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver  # the module's singleton; no public API stops it
+    if getattr(server, "_forkserver_pid", None) is not None:
+        server._stop()
+
+
 def run_loader(scenario_name: str, run_key: str, params: dict[str, Any]) -> dict[str, Any]:
     scenario = get_scenario(scenario_name)
     run = scenario.loader(run_key)
@@ -102,6 +113,7 @@ def run_loader(scenario_name: str, run_key: str, params: dict[str, Any]) -> dict
     # their CPU time is counted.
     for process in multiprocessing.active_children():
         process.join()
+    _stop_fork_server()
     cpu_s = cpu_seconds() - cpu_start
     if batches == 0:
         raise RuntimeError(f"loader run {run_key!r} yielded no batches")
