@@ -268,15 +268,25 @@ def test_close_while_worker_blocked_returns_within_a_second(tmp_path):
     os.mkfifo(fifo)
     loader = ll.Loader(ll.FileSource([str(fifo)]), batch_size=1, collate="list", output="numpy")
     iterator = iter(loader)
-    thread = threading.Thread(target=lambda: next(iterator, None), daemon=True)
+    outcome = {}
+
+    def consume():
+        try:
+            outcome["batch"] = next(iterator, None)
+        except ll.Error as error:
+            outcome["error"] = error
+
+    thread = threading.Thread(target=consume, daemon=True)
     thread.start()
     time.sleep(0.2)
     started = time.monotonic()
     loader.close()
     assert time.monotonic() - started < 1.5
+    thread.join(5)
+    # The consumer that was waiting is told the pass ended with the loader.
+    assert "closed" in str(outcome.get("error")), outcome
     with open(fifo, "wb"):  # let the detached worker finish
         pass
-    thread.join(5)
 
 
 def test_numpy_output_works_without_torch(tmp_path):
