@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from leanloader.units import format_bytes
+
 # Arrays and tensors at least this large are shared once by ll.DataLoader.
 SHARE_THRESHOLD_BYTES = 1 << 20
 # Lists / dicts whose pickled size is at least this are reported.
@@ -103,13 +105,6 @@ def _is_module(value: Any) -> bool:
     return torch is not None and isinstance(value, torch.nn.Module)
 
 
-def _human(count: float) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(count) >= scale:
-            return f"{count / scale:.1f} {unit}"
-    return f"{count:.0f} B"
-
-
 @dataclass
 class AuditEntry:
     path: str  # "dataset.features"
@@ -123,8 +118,8 @@ class AuditEntry:
     def __str__(self) -> str:
         flag = "NEVER SEND " if self.never_send else ""
         text = (
-            f"{self.path}: {self.what}: {_human(self.bytes_torch)} per worker with torch, "
-            f"{_human(self.bytes_leanloader)} with ll.DataLoader"
+            f"{self.path}: {self.what}: {format_bytes(self.bytes_torch)} per worker with torch, "
+            f"{format_bytes(self.bytes_leanloader)} with ll.DataLoader"
         )
         if self.problem:
             text += f"\n    {flag}{self.problem}"
@@ -152,7 +147,7 @@ class AuditReport:
     def __str__(self) -> str:
         lines = [
             "leanloader audit: what each worker process receives",
-            f"whole dataset pickled by value: {_human(self.pickled_bytes_torch)}",
+            f"whole dataset pickled by value: {format_bytes(self.pickled_bytes_torch)}",
         ]
         if self.error:
             lines.append(f"cannot be pickled: {self.error}")
@@ -262,7 +257,7 @@ def _audit_value(path: str, value: Any, threshold: int, np: Any, torch: Any) -> 
     if isinstance(value, SharedRecords):
         return AuditEntry(
             path, f"ll.SharedRecords of {len(value)} records", 0, 0, "",
-            f"already shared once ({_human(value.nbytes)} in shared memory)",
+            f"already shared once ({format_bytes(value.nbytes)} in shared memory)",
         )  # fmt: skip
     if isinstance(value, (list, tuple, dict)) and len(value) > 0:
         if not _holds_python_objects(value):

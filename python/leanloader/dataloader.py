@@ -423,13 +423,16 @@ class DataLoader:
         return self._setup_bytes
 
     def _warn_copy(self, size: int) -> None:
-        from leanloader.audit import _human, audit
+        from leanloader.audit import audit
+        from leanloader.units import format_bytes
 
         report = audit(self.dataset, threshold=max(1, min(1 << 20, self.warn_copy_bytes // 8)))
         worst = sorted(report.entries, key=lambda e: -e.bytes_leanloader)[:3]
-        details = "; ".join(f"{e.path} ({_human(e.bytes_leanloader)}): {e.fix}" for e in worst)
+        details = "; ".join(
+            f"{e.path} ({format_bytes(e.bytes_leanloader)}): {e.fix}" for e in worst
+        )
         warnings.warn(
-            f"each of the {self.num_workers} workers receives its own {_human(size)} copy of "
+            f"each of the {self.num_workers} workers receives its own {format_bytes(size)} copy of "
             f"the dataset. Largest parts: {details or 'see ll.audit(dataset)'}",
             stacklevel=4,
         )

@@ -25,6 +25,7 @@ from typing import Any
 
 from leanloader.bench.machine import describe_machine
 from leanloader.bench.scenarios import Goal, LoaderRun, Scenario
+from leanloader.units import format_bytes
 
 MIN_ROUNDS = 3
 SAMPLE_INTERVAL_S = 0.05
@@ -339,13 +340,6 @@ def _check_goals(
             }
         )
     return checked
-
-
-def format_bytes(count: float) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(count) >= scale:
-            return f"{count / scale:.1f} {unit}"
-    return f"{count:.0f} B"
 
 
 def format_report(report: Mapping[str, Any]) -> str:

@@ -37,14 +37,13 @@ def _cpu_model() -> str:
 
 
 def _memory_total_bytes() -> int | None:
+    from leanloader import _core
+
     try:
-        with open("/proc/meminfo", encoding="utf-8") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) * 1024
+        snapshot = _core.memory_snapshot(os.getpid(), False, "", False)
     except OSError:
-        pass
-    return None
+        return None
+    return int(snapshot["system"]["mem_total_bytes"])
 
 
 def _leanloader_version() -> str:

@@ -11,8 +11,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from leanloader.bench.harness import BenchError, format_bytes, format_table, run_scenario
+from leanloader.bench.harness import BenchError, format_table, run_scenario
 from leanloader.bench.scenarios import get_scenario
+from leanloader.units import format_bytes
 
 SCENARIO = "arrays"
 ROUNDS = 3
