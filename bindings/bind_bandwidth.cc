@@ -1,6 +1,6 @@
 // Python: leanloader._core.measure_memcpy_bandwidth, the benchmark yardstick.
 #include "bindings.h"
-#include "leanloader/bandwidth.h"
+#include "leanloader/memory/bandwidth.h"
 
 namespace nb = nanobind;
 

@@ -13,11 +13,11 @@
 #include <vector>
 
 #include "bindings.h"
-#include "leanloader/cache_manifest.h"
-#include "leanloader/cache_writer.h"
-#include "leanloader/content_hash.h"
-#include "leanloader/subset_source.h"
-#include "leanloader/tensor_cache.h"
+#include "leanloader/cache/cache_manifest.h"
+#include "leanloader/cache/cache_writer.h"
+#include "leanloader/cache/tensor_cache.h"
+#include "leanloader/io/content_hash.h"
+#include "leanloader/sources/subset_source.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;

@@ -9,7 +9,8 @@
 #include <chrono>
 
 #include "bindings.h"
-#include "leanloader/loader.h"
+#include "leanloader/core/byte_size.h"
+#include "leanloader/pipeline/loader.h"
 
 namespace nb = nanobind;
 

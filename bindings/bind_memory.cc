@@ -3,7 +3,7 @@
 #include <nanobind/stl/string.h>
 
 #include "bindings.h"
-#include "leanloader/memory_monitor.h"
+#include "leanloader/memory/memory_monitor.h"
 
 namespace nb = nanobind;
 

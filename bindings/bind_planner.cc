@@ -3,7 +3,7 @@
 #include <nanobind/stl/string.h>
 
 #include "bindings.h"
-#include "leanloader/planner.h"
+#include "leanloader/memory/planner.h"
 
 namespace nb = nanobind;
 

@@ -14,10 +14,10 @@
 #include <vector>
 
 #include "bindings.h"
-#include "leanloader/shared_records.h"
-#include "leanloader/shared_segment.h"
-#include "leanloader/slot_pool.h"
-#include "leanloader/worker_process.h"
+#include "leanloader/workers/shared_records.h"
+#include "leanloader/workers/shared_segment.h"
+#include "leanloader/workers/slot_pool.h"
+#include "leanloader/workers/worker_process.h"
 
 namespace nb = nanobind;
 

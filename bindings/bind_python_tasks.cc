@@ -1,22 +1,20 @@
-// PythonTaskPool: native-owned threads (leanloader's Executor) that call
-// Python functions, for `ll.DataLoader(worker_mode="thread")`.
+// PythonTaskPool: Python functions called on the engine's TaskPool threads,
+// for `ll.DataLoader(worker_mode="thread")`. Glue only: the queue, the
+// threads and the waiting live in leanloader::TaskPool.
 //
-// Contract: a worker takes the GIL only while it calls the function and
-// stores the outcome; it waits for work without it. The consumer waits for a
-// result with the GIL released, in short slices, so Ctrl-C is seen promptly.
-// Every Python reference is created and dropped with the GIL held.
+// GIL contract: a worker takes the GIL only while it calls the function and
+// stores the outcome; every Python reference is created and dropped with the
+// GIL held. The consumer waits with the GIL released, in short slices, so
+// Ctrl-C is seen promptly.
 #include <nanobind/nanobind.h>
 
 #include <chrono>
-#include <condition_variable>
-#include <deque>
 #include <map>
 #include <memory>
-#include <mutex>
-#include <optional>
 
 #include "bindings.h"
-#include "leanloader/executor.h"
+#include "leanloader/core/error.h"
+#include "leanloader/workers/task_pool.h"
 
 namespace nb = nanobind;
 
@@ -26,145 +24,101 @@ namespace {
 
 constexpr std::chrono::milliseconds kSignalCheckInterval(50);
 
-struct PythonTask {
-  int64_t id = 0;
+// One call and its outcome. Every member is touched only with the GIL held.
+struct PythonCall {
   nb::object function;
   nb::object argument;
-};
-
-struct PythonOutcome {
   nb::object value;
-  nb::object error;  // the exception instance (with its __traceback__), or null
+  nb::object error;        // the exception instance (with its __traceback__), or null
+  bool abandoned = false;  // the pool was closed: nobody will claim the outcome
 };
 
-struct TaskQueue {
-  std::mutex mutex;
-  std::condition_variable work_ready;
-  std::condition_variable result_ready;
-  std::deque<PythonTask> pending;
-  std::map<int64_t, PythonOutcome> finished;
-  bool stopping = false;
-};
-
-class PythonTaskJob final : public Job {
- public:
-  explicit PythonTaskJob(std::shared_ptr<TaskQueue> queue) : queue_(std::move(queue)) {}
-
-  void work(int /*worker*/) noexcept override {
-    while (true) {
-      PythonTask task;
-      {
-        std::unique_lock lock(queue_->mutex);
-        queue_->work_ready.wait(lock, [&] { return queue_->stopping || !queue_->pending.empty(); });
-        if (queue_->stopping) return;
-        task = std::move(queue_->pending.front());
-        queue_->pending.pop_front();
-      }
-      if (!Py_IsInitialized()) return;
-      nb::gil_scoped_acquire gil;
-      PythonOutcome outcome;
-      try {
-        outcome.value = task.function(task.argument);
-      } catch (nb::python_error& error) {
-        outcome.error = nb::borrow(error.value());
-      } catch (const std::exception& error) {
-        outcome.error = nb::steal(PyObject_CallFunction(PyExc_RuntimeError, "s", error.what()));
-      }
-      task.function.reset();
-      task.argument.reset();
-      {
-        std::lock_guard lock(queue_->mutex);
-        // After close() nobody will claim it: `outcome` is dropped below,
-        // while this thread still holds the GIL.
-        if (!queue_->stopping) queue_->finished.emplace(task.id, std::move(outcome));
-      }
-      queue_->result_ready.notify_all();
-    }
+void run_call(PythonCall& call, int worker) {
+  if (!Py_IsInitialized()) return;
+  nb::gil_scoped_acquire gil;
+  try {
+    call.value = call.function(call.argument, worker);
+  } catch (nb::python_error& error) {
+    call.error = nb::borrow(error.value());
+  } catch (const std::exception& error) {
+    call.error = nb::steal(PyObject_CallFunction(PyExc_RuntimeError, "s", error.what()));
   }
-
-  void cancel() noexcept override {
-    {
-      std::lock_guard lock(queue_->mutex);
-      queue_->stopping = true;
-    }
-    queue_->work_ready.notify_all();
+  call.function.reset();
+  call.argument.reset();
+  if (call.abandoned) {
+    call.value.reset();
+    call.error.reset();
   }
-
- private:
-  std::shared_ptr<TaskQueue> queue_;
-};
+}
 
 class PythonTaskPool {
  public:
-  explicit PythonTaskPool(int num_threads)
-      : queue_(std::make_shared<TaskQueue>()), executor_(num_threads) {
-    executor_.run(std::make_shared<PythonTaskJob>(queue_));
-  }
+  explicit PythonTaskPool(int num_threads) : pool_(num_threads) {}
   ~PythonTaskPool() { close(); }
 
+  // Queues function(argument, worker_index); returns the task's id.
   int64_t submit(nb::object function, nb::object argument) {
-    std::lock_guard lock(queue_->mutex);
-    if (queue_->stopping) throw Error("the thread pool is closed");
-    const int64_t id = next_id_++;
-    queue_->pending.push_back({id, std::move(function), std::move(argument)});
-    queue_->work_ready.notify_one();
+    auto call = std::make_shared<PythonCall>();
+    call->function = std::move(function);
+    call->argument = std::move(argument);
+    const int64_t id = pool_.submit([call](int worker) { run_call(*call, worker); });
+    calls_.emplace(id, std::move(call));
     return id;
   }
 
   // The function's return value for task `id`, or its exception re-raised.
   // Raises TimeoutError after `timeout_s` seconds (<= 0: wait forever).
   nb::object result(int64_t id, double timeout_s) {
+    auto entry = calls_.find(id);
+    if (entry == calls_.end()) throw InvalidArgument("no task " + std::to_string(id));
     const auto deadline = std::chrono::steady_clock::now() +
                           std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                               std::chrono::duration<double>(timeout_s));
-    std::optional<PythonOutcome> outcome;  // moved in without touching refcounts
     while (true) {
-      bool found = false;
+      bool done = false;
       {
         nb::gil_scoped_release release;
-        std::unique_lock lock(queue_->mutex);
-        found = queue_->result_ready.wait_for(lock, kSignalCheckInterval,
-                                              [&] { return queue_->finished.count(id) > 0; });
-        if (found) {
-          auto entry = queue_->finished.find(id);
-          outcome.emplace(std::move(entry->second));
-          queue_->finished.erase(entry);
-        }
+        done = pool_.wait(id, kSignalCheckInterval);
       }
-      if (found) break;
+      if (done) break;
       if (PyErr_CheckSignals() != 0) throw nb::python_error();
       if (timeout_s > 0 && std::chrono::steady_clock::now() > deadline) {
         throw TimeoutError("no result from the thread pool within " + std::to_string(timeout_s) +
                            " s");
       }
     }
-    if (outcome->error.is_valid()) {
-      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(outcome->error.ptr())),
-                      outcome->error.ptr());
+    std::shared_ptr<PythonCall> call = std::move(entry->second);
+    calls_.erase(entry);
+    if (call->error.is_valid()) {
+      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(call->error.ptr())), call->error.ptr());
       throw nb::python_error();
     }
-    return std::move(outcome->value);
+    return std::move(call->value);
   }
 
   // Stops the threads (those inside a call finish it first, up to a
   // deadline) and drops the tasks that never ran. Idempotent.
   void close() {
-    std::deque<PythonTask> unstarted;
-    std::map<int64_t, PythonOutcome> unclaimed;
+    std::deque<TaskPool::Task> unstarted;
     {
       nb::gil_scoped_release release;  // a worker may need the GIL to finish
-      executor_.shutdown(std::chrono::milliseconds(2000));
-      std::lock_guard lock(queue_->mutex);
-      unstarted.swap(queue_->pending);
-      unclaimed.swap(queue_->finished);
+      unstarted = pool_.close();
     }
-    // `unstarted` and `unclaimed` release their references here, GIL held.
+    // Outcomes nobody will claim are dropped here, GIL held; a call still
+    // running past the deadline drops its own (it checks `abandoned` under
+    // the GIL).
+    for (auto& [id, call] : calls_) {
+      call->abandoned = true;
+      call->value.reset();
+      call->error.reset();
+    }
+    calls_.clear();
+    // `unstarted` releases its calls here, GIL held.
   }
 
  private:
-  std::shared_ptr<TaskQueue> queue_;
-  Executor executor_;
-  int64_t next_id_ = 0;
+  TaskPool pool_;
+  std::map<int64_t, std::shared_ptr<PythonCall>> calls_;  // touched with the GIL held
 };
 
 }  // namespace
@@ -174,7 +128,7 @@ void bind_python_tasks(nb::module_& m) {
                              "Native threads that call Python functions (worker_mode='thread').")
       .def(nb::init<int>(), nb::arg("num_threads"))
       .def("submit", &PythonTaskPool::submit, nb::arg("function"), nb::arg("argument"),
-           "Queues function(argument); returns the task's id.")
+           "Queues function(argument, worker_index); returns the task's id.")
       .def("result", &PythonTaskPool::result, nb::arg("id"), nb::arg("timeout") = 0.0,
            "The task's return value, or its exception re-raised.")
       .def("close", &PythonTaskPool::close);

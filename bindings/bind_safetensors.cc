@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "bindings.h"
-#include "leanloader/safetensors.h"
+#include "leanloader/io/safetensors.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;

@@ -9,9 +9,9 @@
 #include <nanobind/stl/vector.h>
 
 #include "bindings.h"
-#include "leanloader/array_source.h"
-#include "leanloader/file_source.h"
-#include "leanloader/npy_source.h"
+#include "leanloader/sources/array_source.h"
+#include "leanloader/sources/file_source.h"
+#include "leanloader/sources/npy_source.h"
 
 namespace nb = nanobind;
 

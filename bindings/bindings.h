@@ -7,8 +7,8 @@
 
 #include <string>
 
-#include "leanloader/error.h"
-#include "leanloader/tensor.h"
+#include "leanloader/core/error.h"
+#include "leanloader/core/tensor.h"
 
 namespace leanloader::bindings {
 

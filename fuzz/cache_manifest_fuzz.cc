@@ -8,8 +8,8 @@
 #include <string>
 #include <string_view>
 
-#include "leanloader/cache_manifest.h"
-#include "leanloader/error.h"
+#include "leanloader/cache/cache_manifest.h"
+#include "leanloader/core/error.h"
 
 namespace {
 

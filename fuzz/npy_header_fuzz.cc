@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <span>
 
-#include "leanloader/error.h"
-#include "leanloader/npy_format.h"
+#include "leanloader/core/error.h"
+#include "leanloader/io/npy_format.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(data), size);

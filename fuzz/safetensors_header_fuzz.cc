@@ -13,8 +13,8 @@
 #include <utility>
 #include <vector>
 
-#include "leanloader/error.h"
-#include "leanloader/safetensors.h"
+#include "leanloader/core/error.h"
+#include "leanloader/io/safetensors.h"
 
 namespace {
 

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "leanloader/dtype.h"
-#include "leanloader/tensor.h"
+#include "leanloader/core/dtype.h"
+#include "leanloader/core/tensor.h"
 
 namespace leanloader::testing {
 

@@ -1,0 +1,141 @@
+// TensorCache: tensors computed once (latents, text embeddings) and read
+// back by every thread and process through shared, memory-mapped files.
+//
+// Two layouts are read, chosen by what the directory holds:
+// - sharded (written by CacheWriter): manifest.json + shard-*.safetensors,
+//   many samples per shard (see cache_manifest.h, cache_writer.h). Shards are
+//   mapped once per TensorCache, lazily on first use, and shared by all
+//   threads; the pages are page cache, counted once however many processes
+//   read them.
+// - per-sample files (no manifest.json, *.safetensors files, e.g. a trainer's
+//   `_latent_cache/`): each file is one sample whose key is the file stem,
+//   in sorted order; read_sample preads the file's header and data straight
+//   into the batch slot (no mapping: a folder of 100k files would otherwise
+//   exhaust the process's mapping count). A single .safetensors path is a
+//   cache of one sample.
+//
+// Source contract: fields() are the tensor names and dtypes every entry
+// shares (in the first entry's order), the shape fixed when all entries
+// agree; read_sample(i) is one pread per tensor from the shard (page cache)
+// into the writer's buffer: the batch's gather copy. entry(i) views the
+// mapping instead (zero-copy).
+//
+// Thread-safety: everything is safe to call from any thread. The state (the
+// manifest and the lazily mapped shards) is an immutable snapshot behind a
+// shared_ptr; reload() swaps in a new one. A read takes the snapshot once, so
+// it sees one consistent manifest. Within a snapshot the lazy shard table is
+// guarded by a mutex (a mapped shard is then read lock-free).
+// reload() keeps indices stable for a cache that only grows or replaces
+// entries (what CacheWriter does: a replaced key keeps its position, new keys
+// are appended), so a Loader made before a rebuild keeps reading the same
+// keys. fields() are fixed once the cache has entries.
+// Lifetime: tensors returned by entry() keep their mapping alive after the
+// TensorCache is gone. The cache holds the directory's shared lock (see
+// detail/cache_directory.h) for its lifetime.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "leanloader/cache/cache_manifest.h"
+#include "leanloader/io/safetensors.h"
+#include "leanloader/sources/source.h"
+
+namespace leanloader {
+
+namespace detail {
+class CacheLock;
+}
+
+// One finding of TensorCache::verify().
+struct CacheProblem {
+  // "invalid": a file or entry that does not read back as the manifest says;
+  // "stale": the source changed since the entry was built (or is gone);
+  // "partial": a leftover of an interrupted write (temp file, unmerged rank
+  // manifest);
+  // "garbage": a shard no manifest references (written before a crash, or
+  // all of its entries superseded). Readers never see it; not an error.
+  std::string kind;
+  std::string where;  // the file, or "<shard> key <key>"
+  std::string message;
+};
+
+class TensorCache final : public Source {
+ public:
+  enum class Layout { kSharded, kPerSampleFiles };
+
+  // Opens `path`: a cache directory, a folder of per-sample files, or one
+  // .safetensors file. With `cleanup`, removes a crashed writer's temp files
+  // and unreferenced shards first, when no other process has the cache open.
+  // A directory without manifest and without .safetensors files is an empty
+  // sharded cache. Throws IoError (kNotFound), FormatError naming the
+  // manifest and entry (bad JSON, or entries whose tensor names or dtypes
+  // differ), InvalidArgument.
+  static std::shared_ptr<TensorCache> open(const std::string& path, bool cleanup = true);
+  explicit TensorCache(const std::string& path, bool cleanup = true);
+  ~TensorCache() override;
+  TensorCache(const TensorCache&) = delete;
+  TensorCache& operator=(const TensorCache&) = delete;
+
+  // Re-reads the manifest (or the folder) as it is now. Throws like open(),
+  // and InvalidArgument when the entries' fields changed.
+  void reload();
+
+  int64_t size() const override;
+  const std::vector<FieldSpec>& fields() const override { return fields_; }
+  void read_sample(int64_t index, SampleWriter& writer) const override;
+  std::string describe() const override;
+  std::string sample_location(int64_t index) const override;
+  size_t estimated_sample_bytes() const override;
+
+  Layout layout() const;
+  const std::string& path() const noexcept { return path_; }
+  // Sharded: the manifest. Per-sample files: one "shard" per file (with
+  // slot 0), whose entries carry the files' headers (failed files have no
+  // tensors).
+  // The returned manifest is a snapshot's and stays valid as long as the
+  // shared_ptr is held.
+  std::shared_ptr<const CacheManifest> manifest() const;
+  std::string key(int64_t index) const;
+  std::optional<int64_t> find(const std::string& key) const;
+  // Full path of shard (or per-sample file) `shard`.
+  std::string shard_path(uint32_t shard) const;
+  // Files removed by clean-up when this cache was opened.
+  const std::vector<std::string>& removed_on_open() const noexcept { return removed_; }
+
+  // The tensors of entry `index` as zero-copy views of the mapped shard (a
+  // per-sample file is mapped for the call; misaligned data is copied), in
+  // field order. Throws InvalidArgument (index) or FormatError / IoError
+  // naming the file and entry.
+  std::vector<std::pair<std::string, Tensor>> entry(int64_t index) const;
+
+  // Checks every shard or file and entry: readable, valid safetensors, and as
+  // the manifest says; leftovers of interrupted writes; with `check_sources`,
+  // whether each entry's source file still has its fingerprint (stat, or the
+  // content hash when the entry has one). Never throws for a problem in the
+  // cache; returns them all (empty = all is well).
+  std::vector<CacheProblem> verify(bool check_sources = true) const;
+
+ private:
+  struct State;
+  std::shared_ptr<const State> state() const;
+  std::shared_ptr<const State> load_state(bool cleanup);
+
+  std::string path_;       // as given
+  std::string directory_;  // where shards / files live
+  std::vector<std::string> removed_;
+  std::unique_ptr<detail::CacheLock> lock_;
+  std::vector<FieldSpec> fields_;
+
+  mutable std::mutex state_mutex_;
+  std::shared_ptr<const State> state_;
+};
+
+}  // namespace leanloader

@@ -1,0 +1,77 @@
+// BatchPool: a fixed set of equally sized batch slots, planned in advance.
+//
+// Workers write samples straight into a slot's rows; tensors of the delivered
+// batch view the slot; the slot returns to the pool when the last view is
+// released (the Storage handed out by acquire() is a shared_ptr whose
+// destruction returns the block). Steady state allocates nothing: blocks are
+// created on first use, up to num_slots, and reused after that.
+//
+// acquire() never blocks. When every slot is held (the consumer keeps more
+// batches alive than the pool has slots) it allocates a block beyond the
+// pool, which is freed, not pooled, on release; the first such event is
+// reported once through take_overflow_warning().
+//
+// Thread-safety: all methods may be called from any thread.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "leanloader/core/storage.h"
+
+namespace leanloader {
+
+class BatchPool : public std::enable_shared_from_this<BatchPool> {
+ public:
+  static std::shared_ptr<BatchPool> create(size_t slot_bytes, size_t num_slots);
+
+  // A slot: a pooled block; when every slot is held, waits up to `patience`
+  // for one to come back (the consumer is usually about to drop its previous
+  // batch), then allocates an overflow block. Throws OutOfMemory when the
+  // memory cannot be obtained.
+  std::shared_ptr<Storage> acquire(
+      std::chrono::milliseconds patience = std::chrono::milliseconds(0));
+
+  size_t slot_bytes() const noexcept { return slot_bytes_; }
+  size_t num_slots() const noexcept { return num_slots_; }
+  // Pool slots currently handed out.
+  size_t slots_in_use() const;
+  // Overflow blocks currently alive, and ever allocated.
+  size_t overflow_in_use() const;
+  uint64_t overflow_total() const;
+  // Bytes of slot memory alive now (pooled blocks created + live overflow).
+  size_t resident_bytes() const;
+  // True exactly once, after the first overflow allocation.
+  bool take_overflow_warning();
+  // Frees every idle pooled block (they are created again on demand).
+  // Returns the bytes given back to the OS.
+  size_t trim();
+
+ private:
+  friend class PoolSlot;
+  BatchPool(size_t slot_bytes, size_t num_slots);
+  void release(std::shared_ptr<HeapStorage> block, bool overflow) noexcept;
+
+  const size_t slot_bytes_;
+  const size_t num_slots_;
+  const pid_t owner_pid_;  // in a forked child, released slots are not pooled
+  mutable std::mutex mutex_;
+  std::condition_variable returned_;
+  std::vector<std::shared_ptr<HeapStorage>> free_;
+  size_t created_ = 0;
+  size_t in_use_ = 0;
+  size_t overflow_in_use_ = 0;
+  uint64_t overflow_total_ = 0;
+  bool overflow_warning_pending_ = false;
+  bool overflow_warned_ = false;
+};
+
+}  // namespace leanloader

@@ -1,0 +1,92 @@
+// Loader: batches from a Source, assembled by native threads into planned
+// batch slots and delivered in order.
+//
+// Data flow: Sampler (order) -> Executor threads (read each sample straight
+// into its row of a BatchPool slot) -> in-order delivery to the consumer.
+// The memory bill is known at construction: slots x slot_bytes.
+//
+// Thread-safety: a Loader is driven by one consumer thread (the training
+// loop); its worker threads are internal. stats() may be called from any
+// thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "leanloader/core/tensor.h"
+#include "leanloader/pipeline/batch.h"
+#include "leanloader/pipeline/batch_pool.h"
+#include "leanloader/pipeline/epoch_iterator.h"
+#include "leanloader/pipeline/executor.h"
+#include "leanloader/pipeline/loader_options.h"
+#include "leanloader/pipeline/loader_stats.h"
+#include "leanloader/pipeline/sampler.h"
+#include "leanloader/sources/source.h"
+
+namespace leanloader {
+
+namespace detail {
+class EpochRun;
+struct LoaderCounters;
+class PressurePolicy;
+}  // namespace detail
+
+class Loader {
+ public:
+  // Plans the batch slots. Throws InvalidArgument for impossible options
+  // (batch_size < 1, a memory_budget below two slots, stacking a source whose
+  // samples have different shapes).
+  Loader(std::shared_ptr<const Source> source, LoaderOptions options);
+  ~Loader();
+  Loader(const Loader&) = delete;
+  Loader& operator=(const Loader&) = delete;
+
+  const Source& source() const noexcept { return *source_; }
+  const LoaderOptions& options() const noexcept { return options_; }
+
+  // The epoch the next iterate() uses; iterate() then advances it by one.
+  void set_epoch(uint64_t epoch) noexcept { epoch_ = epoch; }
+  uint64_t epoch() const noexcept { return epoch_; }
+  int64_t num_batches() const noexcept;
+
+  // Planned bytes: slots x slot_bytes (+ per-thread scratch, none yet).
+  size_t memory_bill() const noexcept { return num_slots_ * slot_bytes_; }
+  size_t slot_bytes() const noexcept { return slot_bytes_; }
+  size_t num_slots() const noexcept { return num_slots_; }
+  int effective_prefetch() const noexcept { return prefetch_; }
+
+  // Starts a pass over the current epoch on the worker threads, cancelling a
+  // pass still in progress.
+  std::unique_ptr<EpochIterator> iterate();
+
+  LoaderStats stats() const;
+
+  // Stops the worker threads (idempotent). Returns false when some thread was
+  // blocked and had to be detached.
+  bool close();
+
+ private:
+  std::shared_ptr<const Source> source_;
+  LoaderOptions options_;
+  Sampler sampler_;
+  std::vector<size_t> field_offsets_;  // collate=stack: byte offset of each field in a slot
+  std::vector<size_t> row_bytes_;      // collate=stack: bytes of one sample of each field
+  size_t slot_bytes_ = 0;
+  size_t num_slots_ = 0;
+  int prefetch_ = 0;
+  std::shared_ptr<BatchPool> pool_;
+  std::shared_ptr<detail::LoaderCounters> counters_;
+  std::shared_ptr<detail::PressurePolicy> pressure_;
+  std::unique_ptr<Executor> executor_;
+  std::weak_ptr<detail::EpochRun> current_run_;
+  uint64_t epoch_ = 0;
+  bool closed_ = false;
+};
+
+}  // namespace leanloader

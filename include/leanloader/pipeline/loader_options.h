@@ -1,0 +1,48 @@
+// LoaderOptions: everything a user chooses about a Loader.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+
+namespace leanloader {
+
+enum class OnError {
+  kRaise,  // stop at the first bad sample and raise its error in the consumer
+  kSkip,   // drop bad samples, count them, raise past max_skip_fraction
+};
+
+enum class Collate {
+  kStack,  // one tensor per field: [rows, *sample shape]; shapes must agree
+  kList,   // one tensor per sample per field; shapes may differ
+};
+
+struct LoaderOptions {
+  int64_t batch_size = 1;
+  bool shuffle = false;
+  uint64_t seed = 0;
+  int num_threads = 2;
+  int prefetch = 2;                     // batches prepared ahead of the consumer
+  std::optional<size_t> memory_budget;  // caps slots x slot_bytes
+  bool drop_last = false;
+  OnError on_error = OnError::kRaise;
+  double max_skip_fraction = 0.05;  // of the epoch's samples, with kSkip
+  Collate collate = Collate::kStack;
+  // Below this many available bytes the loader keeps one batch in flight and
+  // gives its spare slots back; above 1.25x it returns to `prefetch`. Unset:
+  // a tenth of the memory this process can use (cgroup-aware).
+  std::optional<size_t> pressure_threshold;
+  // Where available memory is read from (cgroup-aware MemAvailable by
+  // default). Tests and embedders may supply their own reading; it may throw,
+  // which the loader reports as an error of the batch being opened.
+  std::function<size_t()> available_memory;
+};
+
+// The budget `memory_budget="auto"` stands for: a quarter of the memory
+// still available to this process (cgroup-aware), leaving the rest to the
+// model and the training loop.
+size_t auto_memory_budget();
+inline constexpr double kAutoBudgetFraction = 0.25;
+
+}  // namespace leanloader

@@ -1,0 +1,69 @@
+// NpySource: samples from .npy files.
+//
+// Two layouts:
+// - arrays: one .npy per field; row i of every file is sample i. A row is
+//   read with pread straight into the batch slot (C order), which costs no
+//   page faults in this process; Fortran-ordered arrays are memory-mapped and
+//   their strided rows gathered. Either way the pages are page cache, shared
+//   by every thread and process.
+// - directory: one .npy per sample (sorted by name), a single field; each
+//   read opens the file and preads its data straight into the batch slot.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "leanloader/core/storage.h"
+#include "leanloader/io/npy_format.h"
+#include "leanloader/sources/source.h"
+
+namespace leanloader {
+
+namespace detail {
+class File;
+}  // namespace detail
+
+class NpySource final : public Source {
+ public:
+  // Arrays layout: (field name, path) pairs. Throws FormatError for a bad
+  // file, IoError when one cannot be opened, InvalidArgument when the files
+  // disagree on the number of rows.
+  static std::shared_ptr<NpySource> from_arrays(
+      const std::vector<std::pair<std::string, std::string>>& fields);
+  // Directory layout: every *.npy file in `directory`, sorted by name.
+  static std::shared_ptr<NpySource> from_directory(const std::string& field_name,
+                                                   const std::string& directory);
+
+  int64_t size() const override { return rows_; }
+  const std::vector<FieldSpec>& fields() const override { return specs_; }
+  void read_sample(int64_t index, SampleWriter& writer) const override;
+  std::string describe() const override { return description_; }
+  std::string sample_location(int64_t index) const override;
+  size_t estimated_sample_bytes() const override { return sample_bytes_; }
+
+ private:
+  struct MappedArray {
+    std::string path;
+    std::shared_ptr<detail::File> reader;  // C order: rows are pread
+    std::shared_ptr<MappedFile> mapping;   // Fortran order: rows are gathered
+    NpyHeader header;
+    Shape row_shape;
+    Shape row_strides;    // elements
+    size_t row_step = 0;  // bytes between rows
+  };
+
+  NpySource() = default;
+  void read_from_arrays(int64_t index, SampleWriter& writer) const;
+  void read_from_file(int64_t index, SampleWriter& writer) const;
+
+  std::vector<MappedArray> arrays_;
+  std::vector<std::string> files_;  // directory layout
+  std::vector<FieldSpec> specs_;
+  int64_t rows_ = 0;
+  size_t sample_bytes_ = 0;
+  std::string description_;
+};
+
+}  // namespace leanloader

@@ -1,0 +1,67 @@
+// Source: where samples come from. Knows how many samples there are and how
+// to read sample i into named fields.
+//
+// Contract:
+// - fields() is fixed for the life of the Source: names, dtypes, and the
+//   per-sample shape when every sample has the same one (nullopt otherwise).
+// - read_sample(i, writer) is called concurrently from many threads for
+//   different (or equal) i; it must be thread-safe and must not keep state
+//   between calls. For each field it asks `writer` for the destination of
+//   that field's bytes (given the sample's actual shape) and writes the
+//   sample there: straight into the batch slot's row, no intermediate copy.
+// - Errors are thrown as leanloader::Error with the cause; the caller adds the
+//   sample index, source and stage (see SampleError).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "leanloader/core/dtype.h"
+#include "leanloader/core/tensor.h"
+
+namespace leanloader {
+
+struct FieldSpec {
+  std::string name;
+  DType dtype = DType::kU8;
+  // Per-sample shape when fixed for all samples; nullopt when it varies.
+  std::optional<Shape> shape;
+};
+
+// Receives one sample's fields from a Source.
+class SampleWriter {
+ public:
+  virtual ~SampleWriter() = default;
+  // Returns where field `field` (an index into Source::fields()) of this
+  // sample goes: exactly shape_numel(shape) * dtype_size bytes, aligned to
+  // kBufferAlignment or to the row size. Throws InvalidArgument when the shape
+  // does not fit the batch (e.g. differs from the other samples of a stacked
+  // batch).
+  virtual std::span<std::byte> field_buffer(size_t field, const Shape& shape) = 0;
+};
+
+class Source {
+ public:
+  virtual ~Source() = default;
+
+  virtual int64_t size() const = 0;
+  virtual const std::vector<FieldSpec>& fields() const = 0;
+  virtual void read_sample(int64_t index, SampleWriter& writer) const = 0;
+
+  // A short description for messages, e.g. "NpySource(/data/x.npy)".
+  virtual std::string describe() const = 0;
+  // Where sample `index` lives, for messages: a file path, or "path row 17".
+  virtual std::string sample_location(int64_t index) const = 0;
+  // Typical bytes of one sample over all fields, for sizing batch slots when
+  // shapes vary. Fixed-shape sources return the exact figure.
+  virtual size_t estimated_sample_bytes() const = 0;
+};
+
+// Index of the field called `name`, or nullopt.
+std::optional<size_t> find_field(const Source& source, const std::string& name);
+
+}  // namespace leanloader

@@ -1,0 +1,89 @@
+// SharedSegment: a block of shared memory (tmpfs, normally /dev/shm) that
+// several processes map, reserved in full up front and named for an instant
+// only.
+//
+// Why: worker processes must share one copy of large arrays and write batches
+// where the main process can read them without a copy. Two failure modes of
+// the usual approach (torch's) are designed out here:
+//   - A full /dev/shm: a sparse tmpfs file maps fine and the first write into
+//     a missing page raises SIGBUS mid-epoch. create() reserves every page
+//     with posix_fallocate, so a full /dev/shm is an OSError(ENOSPC) at
+//     creation, naming the directory, the size requested and the free space.
+//   - Leftovers after SIGKILL: the name is unlinked right after creation, so
+//     nothing is left in the directory whatever happens to the process. The
+//     memory lives as long as some process holds the descriptor or a mapping.
+//     Other processes attach through /proc/<owner pid>/fd/<fd> (see
+//     attach()), which works for unlinked files while the owner lives.
+//
+// Ownership: a SharedSegment owns its descriptor and its mapping; both are
+// released when the last shared_ptr goes away. It is a Storage, so Tensors
+// can view it and keep it alive. Thread-safety: immutable after construction;
+// the bytes are plain shared memory (callers coordinate writers).
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "leanloader/core/storage.h"
+
+namespace leanloader {
+
+// The directory segments are created in: $LEANLOADER_SHM_DIR when set and
+// not empty, else /dev/shm.
+std::string default_shm_dir();
+
+class SharedSegment final : public Storage {
+ public:
+  // Creates a segment of `size` bytes in `dir` (default_shm_dir() when
+  // empty), reserves it with posix_fallocate, maps it read-write and unlinks
+  // its name. Throws IoError (ENOSPC with the free space in the message when
+  // the directory is full) or InvalidArgument for size 0.
+  static std::shared_ptr<SharedSegment> create(size_t size, const std::string& dir = "");
+
+  // Maps an existing segment through `path`, usually "/proc/<pid>/fd/<fd>"
+  // of the process that created it. The whole file is mapped:
+  //   writable, !copy_on_write: shared read-write (writes reach every process)
+  //   !writable:                read-only
+  //   copy_on_write:            pages are shared until this process writes
+  //                             one; the write lands in a private copy (the
+  //                             semantics of a pickled copy at the cost of
+  //                             the pages actually written).
+  // Throws IoError.
+  static std::shared_ptr<SharedSegment> attach(const std::string& path, bool writable = true,
+                                               bool copy_on_write = false);
+
+  ~SharedSegment() override;
+
+  // The descriptor that keeps the memory alive in this process.
+  int fd() const noexcept { return fd_; }
+  // The (already unlinked) name it was created under, or the attach path.
+  const std::string& path() const noexcept { return path_; }
+  bool writable() const noexcept { return writable_; }
+  bool copy_on_write() const noexcept { return copy_on_write_; }
+
+  // The path another process on this host opens to attach this segment:
+  // "/proc/<this pid>/fd/<fd>".
+  std::string attach_path() const;
+
+  // Copies `bytes` bytes from `src` to `offset`. Throws InvalidArgument when
+  // the range does not fit, or when the segment is read-only.
+  void write(size_t offset, const void* src, size_t bytes);
+
+  // The segment that contains `address` among the segments alive in this
+  // process (created or attached), or nullptr. Lets a pickler recognise an
+  // array that already lives in shared memory. Thread-safe.
+  static std::shared_ptr<SharedSegment> find(const void* address);
+
+ private:
+  SharedSegment(std::byte* data, size_t size, int fd, std::string path, bool writable,
+                bool copy_on_write);
+  static void register_segment(const std::shared_ptr<SharedSegment>& segment);
+
+  int fd_;
+  std::string path_;
+  bool writable_;
+  bool copy_on_write_;
+};
+
+}  // namespace leanloader

@@ -1,0 +1,56 @@
+// TaskPool: tasks queued to native-owned worker threads (an Executor), with
+// results claimed by id. The engine side of `worker_mode="thread"`: the
+// bindings submit closures that call Python; the pool knows nothing of
+// Python.
+//
+// Contract: a task runs exactly once, on one worker thread, and is told that
+// thread's index (0..num_threads-1, stable for the pool's life) so callers can
+// keep per-thread state (a worker's seed, its worker_init_fn having run).
+// A task must not throw: it stores its own outcome. wait() reports when a
+// task has finished; the caller reads the outcome from wherever the task
+// stored it. Tasks never started by close() are handed back to the caller,
+// which destroys them under its own rules (the bindings hold the GIL).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+
+#include "leanloader/pipeline/executor.h"
+
+namespace leanloader {
+
+class TaskPool {
+ public:
+  using Task = std::function<void(int worker)>;
+
+  explicit TaskPool(int num_threads);
+  ~TaskPool();
+  TaskPool(const TaskPool&) = delete;
+  TaskPool& operator=(const TaskPool&) = delete;
+
+  int num_threads() const noexcept { return executor_.num_threads(); }
+
+  // Queues `task`; returns its id. Throws Error once the pool is closed.
+  int64_t submit(Task task);
+
+  // Waits up to `timeout` for task `id` to finish. True when it has; its
+  // completion is then forgotten (wait once per id).
+  bool wait(int64_t id, std::chrono::milliseconds timeout);
+
+  // Stops the threads (a task already running finishes first, up to
+  // `deadline`) and returns the tasks that never started. Idempotent.
+  std::deque<Task> close(std::chrono::milliseconds deadline = std::chrono::milliseconds(2000));
+
+ private:
+  struct Queue;
+  class Worker;
+
+  std::shared_ptr<Queue> queue_;
+  Executor executor_;
+  int64_t next_id_ = 0;
+};
+
+}  // namespace leanloader

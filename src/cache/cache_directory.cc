@@ -1,0 +1,144 @@
+#include "cache/cache_directory.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <set>
+
+#include "leanloader/cache/cache_manifest.h"
+#include "leanloader/core/error.h"
+
+namespace leanloader::detail {
+
+std::string join_path(const std::string& directory, const std::string& name) {
+  if (directory.empty()) return name;
+  if (directory.back() == '/') return directory + name;
+  return directory + "/" + name;
+}
+
+bool ends_with(std::string_view text, std::string_view suffix) noexcept {
+  return text.size() >= suffix.size() && text.substr(text.size() - suffix.size()) == suffix;
+}
+
+bool starts_with(std::string_view text, std::string_view prefix) noexcept {
+  return text.substr(0, prefix.size()) == prefix;
+}
+
+std::vector<std::string> list_files(const std::string& directory) {
+  DIR* dir = ::opendir(directory.c_str());
+  if (dir == nullptr) throw IoError("cannot open directory", directory, errno);
+  std::vector<std::string> names;
+  while (const dirent* entry = ::readdir(dir)) {
+    const std::string name = entry->d_name;
+    if (name == "." || name == "..") continue;
+    bool regular = entry->d_type == DT_REG;
+    if (entry->d_type == DT_UNKNOWN || entry->d_type == DT_LNK) {
+      struct stat st {};
+      regular = ::stat(join_path(directory, name).c_str(), &st) == 0 && S_ISREG(st.st_mode);
+    }
+    if (regular) names.push_back(name);
+  }
+  ::closedir(dir);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+bool is_shard_name(std::string_view name) noexcept {
+  return starts_with(name, "shard-") && ends_with(name, ".safetensors");
+}
+
+bool is_rank_manifest_name(std::string_view name) noexcept {
+  if (!starts_with(name, "manifest.rank") || !ends_with(name, ".json")) return false;
+  const std::string_view digits = name.substr(13, name.size() - 13 - 5);
+  return !digits.empty() &&
+         std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+bool is_cache_temp_name(std::string_view name) noexcept {
+  const size_t tmp = name.find(".tmp.");
+  if (tmp == std::string_view::npos) return false;
+  const std::string_view base = name.substr(0, tmp);
+  return is_shard_name(base) || base == kCacheManifestName || is_rank_manifest_name(base);
+}
+
+void write_file_atomically(const std::string& path, std::string_view bytes) {
+  AtomicFileWriter out(path);
+  out.write(bytes);
+  out.commit();
+}
+
+std::string read_text_file(const std::string& path) { return read_whole_file(path); }
+
+CacheLock& CacheLock::operator=(CacheLock&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = other.fd_;
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+CacheLock::~CacheLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing the descriptor releases the flock
+}
+
+CacheLock CacheLock::open_shared(const std::string& directory, bool cleanup,
+                                 std::vector<std::string>* removed) {
+  const std::string path = join_path(directory, ".lock");
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  if (fd < 0) fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == EACCES || errno == EROFS || errno == ENOENT) return CacheLock();
+    throw IoError("cannot open lock file", path, errno);
+  }
+  CacheLock lock(fd);
+  if (cleanup) {
+    int result;
+    do {
+      result = ::flock(fd, LOCK_EX | LOCK_NB);
+    } while (result != 0 && errno == EINTR);
+    if (result == 0) {
+      std::vector<std::string> cleaned = cleanup_cache_directory(directory);
+      if (removed != nullptr) *removed = std::move(cleaned);
+    }
+  }
+  // Converting exclusive -> shared is not atomic for flock; that is fine:
+  // the manifest is read only after the shared lock is held.
+  int result;
+  do {
+    result = ::flock(fd, LOCK_SH);
+  } while (result != 0 && errno == EINTR);
+  if (result != 0) throw IoError("cannot lock", path, errno);
+  return lock;
+}
+
+std::vector<std::string> cleanup_cache_directory(const std::string& directory) {
+  std::vector<std::string> names = list_files(directory);
+  std::set<std::string> referenced;
+  bool manifests_readable = true;
+  for (const std::string& name : names) {
+    if (name != kCacheManifestName && !is_rank_manifest_name(name)) continue;
+    try {
+      const CacheManifest manifest = read_cache_manifest(join_path(directory, name));
+      for (const CacheShard& shard : manifest.shards) referenced.insert(shard.file);
+    } catch (const Error&) {
+      manifests_readable = false;
+    }
+  }
+  std::vector<std::string> removed;
+  for (const std::string& name : names) {
+    const bool temp = is_cache_temp_name(name);
+    const bool orphan = manifests_readable && is_shard_name(name) && !referenced.contains(name);
+    if (!temp && !orphan) continue;
+    if (::unlink(join_path(directory, name).c_str()) == 0) removed.push_back(name);
+  }
+  if (!removed.empty()) fsync_directory(directory);
+  return removed;
+}
+
+}  // namespace leanloader::detail

@@ -1,0 +1,76 @@
+// The files of a TensorCache directory: atomic publishing, the directory
+// lock, and clean-up after a crashed writer. Internal.
+//
+// Locking protocol (flock on "<dir>/.lock", released by the kernel when the
+// process dies, so a SIGKILLed writer never leaves it held):
+// - every reader (TensorCache) and every writer (CacheWriter) holds a shared
+//   lock for its lifetime;
+// - clean-up (removing stray temp files and shards no manifest references)
+//   runs only under an exclusive lock taken without waiting, i.e. when no
+//   other reader or writer has the cache open. So a shard is never deleted
+//   while someone may still map it lazily, and a writer's freshly published
+//   shard is never mistaken for an orphan before its manifest lands.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "io/file_io.h"
+
+namespace leanloader::detail {
+
+// "<dir>/<name>"
+std::string join_path(const std::string& directory, const std::string& name);
+
+// Names (not paths) of the regular files in `directory`, sorted. Throws
+// IoError.
+std::vector<std::string> list_files(const std::string& directory);
+
+bool ends_with(std::string_view text, std::string_view suffix) noexcept;
+bool starts_with(std::string_view text, std::string_view prefix) noexcept;
+
+// Names the cache itself writes: shards ("shard-*.safetensors"), manifests
+// ("manifest.json", "manifest.rank<r>.json") and their temp files
+// ("<name>.tmp.<pid>.<random>").
+bool is_shard_name(std::string_view name) noexcept;
+bool is_rank_manifest_name(std::string_view name) noexcept;
+bool is_cache_temp_name(std::string_view name) noexcept;
+
+// Writes `bytes` to `path` atomically (AtomicFileWriter: temp + fsync +
+// rename + directory fsync). Throws IoError after removing the temp file.
+void write_file_atomically(const std::string& path, std::string_view bytes);
+
+// Reads a whole (small) file. Throws IoError.
+std::string read_text_file(const std::string& path);
+
+// Holds flock on "<directory>/.lock" (see the protocol above). Moveable, not
+// copyable; the lock is released on destruction.
+class CacheLock {
+ public:
+  CacheLock() = default;
+  // Takes a shared lock, after an opportunistic exclusive one for clean-up
+  // when `cleanup` is set; `removed` (optional) receives the names cleaned.
+  // When the directory is read-only and has no lock file, runs unlocked and
+  // without clean-up.
+  static CacheLock open_shared(const std::string& directory, bool cleanup,
+                               std::vector<std::string>* removed);
+  ~CacheLock();
+  CacheLock(CacheLock&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
+  CacheLock& operator=(CacheLock&& other) noexcept;
+  CacheLock(const CacheLock&) = delete;
+  CacheLock& operator=(const CacheLock&) = delete;
+
+ private:
+  explicit CacheLock(int fd) : fd_(fd) {}
+  int fd_ = -1;
+};
+
+// Removes stray temp files and shards referenced by neither manifest.json
+// nor any manifest.rank<r>.json. Call only under the exclusive lock. A
+// manifest that does not parse references nothing, but then no shard is
+// removed either (the damage is reported by verify, not made worse). Returns
+// the names removed.
+std::vector<std::string> cleanup_cache_directory(const std::string& directory);
+
+}  // namespace leanloader::detail

@@ -1,0 +1,161 @@
+#include "io/file_io.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <random>
+
+#include "leanloader/core/error.h"
+
+namespace leanloader::detail {
+
+File::File(const std::string& path) : path_(path) {
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd_ < 0) throw IoError("cannot open", path, errno);
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) {
+    const int error_number = errno;
+    ::close(fd_);
+    throw IoError("cannot stat", path, error_number);
+  }
+  size_ = static_cast<size_t>(st.st_size);
+}
+
+File::~File() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void File::read_exact(size_t offset, std::span<std::byte> dst) const {
+  size_t done = 0;
+  while (done < dst.size()) {
+    const ssize_t n =
+        ::pread(fd_, dst.data() + done, dst.size() - done, static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw IoError("cannot read", path_, errno);
+    }
+    if (n == 0) {
+      throw FormatError("'" + path_ + "': file ended at byte " + std::to_string(offset + done) +
+                        ", expected " + std::to_string(dst.size()) + " bytes from offset " +
+                        std::to_string(offset) + " (was it truncated?)");
+    }
+    done += static_cast<size_t>(n);
+  }
+}
+
+std::vector<std::byte> File::read_prefix(size_t max_bytes) const {
+  std::vector<std::byte> bytes(std::min(max_bytes, size_));
+  read_exact(0, bytes);
+  return bytes;
+}
+
+std::vector<std::byte> read_file_prefix(const std::string& path, size_t max_bytes) {
+  return File(path).read_prefix(max_bytes);
+}
+
+std::string read_whole_file(const std::string& path) {
+  const File file(path);
+  std::string text(file.size(), '\0');
+  file.read_exact(0, {reinterpret_cast<std::byte*>(text.data()), text.size()});
+  return text;
+}
+
+std::string parent_directory(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+void fsync_directory(const std::string& directory) {
+  const int fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) throw IoError("cannot open directory", directory, errno);
+  const int result = ::fsync(fd);
+  const int error_number = errno;
+  ::close(fd);
+  if (result != 0) throw IoError("cannot fsync directory", directory, error_number);
+}
+
+namespace {
+
+constexpr size_t kWriteBufferBytes = size_t{1} << 20;
+constexpr char kTemporaryMarker[] = ".tmp.";
+
+std::string unique_temporary_path(const std::string& path) {
+  static thread_local std::mt19937_64 generator = [] {
+    std::random_device device;
+    const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
+    return std::mt19937_64((static_cast<uint64_t>(device()) << 32) ^ static_cast<uint64_t>(now) ^
+                           static_cast<uint64_t>(::getpid()));
+  }();
+  static constexpr char kHex[] = "0123456789abcdef";
+  uint64_t bits = generator();
+  std::string suffix;
+  for (int i = 0; i < 12; ++i, bits >>= 4) suffix.push_back(kHex[bits & 0xF]);
+  return path + kTemporaryMarker + std::to_string(::getpid()) + "." + suffix;
+}
+
+}  // namespace
+
+AtomicFileWriter::AtomicFileWriter(std::string path)
+    : path_(std::move(path)), temp_(unique_temporary_path(path_)) {
+  fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+  if (fd_ < 0) throw IoError("cannot create", temp_, errno);
+  buffer_.reserve(kWriteBufferBytes);
+}
+
+AtomicFileWriter::~AtomicFileWriter() { discard(); }
+
+void AtomicFileWriter::discard() noexcept {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  if (!temp_.empty()) ::unlink(temp_.c_str());
+  temp_.clear();
+}
+
+void AtomicFileWriter::write(const std::byte* data, size_t size) {
+  if (size >= kWriteBufferBytes / 4) {
+    flush();
+    write_through(data, size);
+    return;
+  }
+  if (buffer_.size() + size > kWriteBufferBytes) flush();
+  buffer_.insert(buffer_.end(), data, data + size);
+}
+
+void AtomicFileWriter::flush() {
+  write_through(buffer_.data(), buffer_.size());
+  buffer_.clear();
+}
+
+void AtomicFileWriter::write_through(const std::byte* data, size_t size) {
+  while (size > 0) {
+    const ssize_t n = ::write(fd_, data, size);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw IoError("cannot write", temp_, errno);
+    }
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
+void AtomicFileWriter::commit() {
+  flush();
+  if (::fsync(fd_) != 0) throw IoError("cannot fsync", temp_, errno);
+  const int fd = fd_;
+  fd_ = -1;  // closed below whatever happens; never closed twice
+  if (::close(fd) != 0) throw IoError("cannot close", temp_, errno);
+  if (::rename(temp_.c_str(), path_.c_str()) != 0) {
+    throw IoError("cannot rename '" + temp_ + "' to", path_, errno);
+  }
+  temp_.clear();  // it is the file now
+  // The rename is durable only once the directory entry is on disk.
+  fsync_directory(parent_directory(path_));
+}
+
+}  // namespace leanloader::detail

@@ -1,0 +1,97 @@
+#include "leanloader/memory/bandwidth.h"
+
+#include <algorithm>
+#include <barrier>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "leanloader/core/error.h"
+#include "leanloader/core/storage.h"
+
+namespace leanloader {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// One copying thread's buffers and the times of its passes.
+struct CopyLane {
+  std::shared_ptr<HeapStorage> source;
+  std::shared_ptr<HeapStorage> destination;
+  std::vector<Clock::time_point> starts;
+  std::vector<Clock::time_point> ends;
+};
+
+}  // namespace
+
+double measure_memcpy_bandwidth(int threads, size_t bytes_per_thread, int repeats) {
+  if (threads < 1) {
+    throw InvalidArgument("measure_memcpy_bandwidth: threads must be >= 1, got " +
+                          std::to_string(threads));
+  }
+  if (bytes_per_thread == 0) {
+    throw InvalidArgument("measure_memcpy_bandwidth: bytes_per_thread must be > 0");
+  }
+  if (repeats < 1) {
+    throw InvalidArgument("measure_memcpy_bandwidth: repeats must be >= 1, got " +
+                          std::to_string(repeats));
+  }
+
+  // Pass 0 is the warm-up; passes 1..repeats are timed.
+  const int passes = repeats + 1;
+  std::vector<CopyLane> lanes(static_cast<size_t>(threads));
+  for (CopyLane& lane : lanes) {
+    lane.source = HeapStorage::allocate(bytes_per_thread);
+    lane.destination = HeapStorage::allocate(bytes_per_thread);
+    lane.starts.resize(static_cast<size_t>(passes));
+    lane.ends.resize(static_cast<size_t>(passes));
+  }
+
+  // Every pass starts with all threads released together, so the passes
+  // measure concurrent copies sharing the memory bus, as a loader's threads do.
+  std::barrier pass_start(threads);
+  {
+    std::vector<std::jthread> workers;
+    workers.reserve(lanes.size());
+    for (CopyLane& lane : lanes) {
+      workers.emplace_back([&lane, &pass_start, passes, bytes_per_thread] {
+        // Prefault both buffers on the thread that uses them (first touch
+        // places the pages on this thread's NUMA node).
+        std::memset(lane.source->data(), 0x5a, bytes_per_thread);
+        std::memset(lane.destination->data(), 0, bytes_per_thread);
+        for (int pass = 0; pass < passes; ++pass) {
+          pass_start.arrive_and_wait();
+          lane.starts[static_cast<size_t>(pass)] = Clock::now();
+          std::memcpy(lane.destination->data(), lane.source->data(), bytes_per_thread);
+          lane.ends[static_cast<size_t>(pass)] = Clock::now();
+        }
+      });
+    }
+  }  // jthreads join here
+
+  const double bytes_per_pass = static_cast<double>(bytes_per_thread) * threads;
+  std::vector<double> rates;
+  rates.reserve(static_cast<size_t>(repeats));
+  for (int pass = 1; pass < passes; ++pass) {
+    const auto index = static_cast<size_t>(pass);
+    Clock::time_point first_start = lanes.front().starts[index];
+    Clock::time_point last_end = lanes.front().ends[index];
+    for (const CopyLane& lane : lanes) {
+      first_start = std::min(first_start, lane.starts[index]);
+      last_end = std::max(last_end, lane.ends[index]);
+    }
+    // A pass shorter than the clock's resolution still yields a finite rate.
+    const double seconds =
+        std::max(std::chrono::duration<double>(last_end - first_start).count(), 1e-9);
+    rates.push_back(bytes_per_pass / seconds);
+  }
+  const auto middle = rates.begin() + static_cast<std::ptrdiff_t>(rates.size() / 2);
+  std::nth_element(rates.begin(), middle, rates.end());
+  return *middle;
+}
+
+}  // namespace leanloader

@@ -1,0 +1,403 @@
+#include "pipeline/epoch_run.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <limits>
+
+#include "leanloader/core/error.h"
+
+namespace leanloader::detail {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+uint64_t elapsed_ns(Clock::time_point since) {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - since).count());
+}
+
+size_t round_up(size_t value, size_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
+
+constexpr size_t kSkippedDetailLimit = 100;
+// How long a worker waits for a slot to come back before allocating beyond
+// the pool: the consumer drops its previous batch right after it receives
+// the next one, so a short wait avoids overflowing the planned memory.
+constexpr std::chrono::milliseconds kSlotPatience(100);
+
+}  // namespace
+
+// Hands a Source the destinations of one sample's fields inside the batch
+// slot: its row for collate=stack, a bump-allocated range for collate=list
+// (or a heap block when the slot's arena is full).
+class EpochRun::RowWriter final : public SampleWriter {
+ public:
+  RowWriter(EpochRun& run, BatchState& state, const std::shared_ptr<Storage>& slot, int64_t row)
+      : run_(run), state_(state), slot_(slot), row_(row) {}
+
+  std::span<std::byte> field_buffer(size_t field, const Shape& shape) override {
+    const auto& fields = run_.plan_.source->fields();
+    if (field >= fields.size()) {
+      throw InvalidArgument("source wrote field #" + std::to_string(field) + " but has only " +
+                            std::to_string(fields.size()));
+    }
+    written_mask_ |= uint64_t{1} << (field % 64);
+    const FieldSpec& spec = fields[field];
+    const size_t bytes = shape_numel(shape) * dtype_size(spec.dtype);
+    if (run_.plan_.options.collate == Collate::kStack) {
+      if (!spec.shape.has_value() || shape != *spec.shape) {
+        throw InvalidArgument("field '" + spec.name + "' has shape " + shape_to_string(shape) +
+                              " in this sample but " +
+                              (spec.shape ? shape_to_string(*spec.shape) : std::string("varies")) +
+                              " in the batch; pass collate='list' for samples of different shapes");
+      }
+      std::byte* row = slot_->data() + run_.plan_.field_offsets[field] +
+                       static_cast<size_t>(row_) * run_.plan_.row_bytes[field];
+      return {row, bytes};
+    }
+    // collate=list: take the next aligned range of the slot's arena.
+    const size_t reserved = round_up(std::max<size_t>(bytes, 1), kBufferAlignment);
+    const size_t offset = state_.arena_cursor.fetch_add(reserved);
+    Tensor tensor;
+    if (offset + reserved <= slot_->size()) {
+      tensor = Tensor(slot_, offset, spec.dtype, shape);
+    } else {
+      run_.plan_.counters->heap_fallback_bytes += bytes;
+      tensor = Tensor(HeapStorage::allocate(bytes), 0, spec.dtype, shape);
+    }
+    state_.row_tensors[static_cast<size_t>(row_)][field] = tensor;
+    return {tensor.data(), bytes};
+  }
+
+  // Checks that the source gave every field (a source bug otherwise).
+  void check_complete() const {
+    const size_t count = run_.plan_.source->fields().size();
+    const uint64_t expected = count >= 64 ? ~uint64_t{0} : (uint64_t{1} << count) - 1;
+    if ((written_mask_ & expected) != expected) {
+      throw Error("the source did not produce every field of the sample");
+    }
+  }
+
+ private:
+  EpochRun& run_;
+  BatchState& state_;
+  const std::shared_ptr<Storage>& slot_;
+  int64_t row_;
+  uint64_t written_mask_ = 0;
+};
+
+EpochRun::EpochRun(RunPlan plan)
+    : plan_(std::move(plan)),
+      owner_pid_(::getpid()),
+      permutation_(plan_.sampler.permutation(plan_.epoch)),
+      failed_batch_(std::numeric_limits<int64_t>::max()),
+      ring_(static_cast<size_t>(plan_.prefetch)) {
+  if (plan_.options.on_error == OnError::kSkip) {
+    max_skipped_ = static_cast<uint64_t>(plan_.options.max_skip_fraction *
+                                         static_cast<double>(plan_.num_positions));
+  }
+}
+
+EpochRun::~EpochRun() {
+  for (const BatchState& state : ring_) {
+    if (state.batch >= 0) --plan_.counters->batches_in_flight;
+  }
+}
+
+void EpochRun::cancel() noexcept {
+  if (::getpid() != owner_pid_) return;  // a forked child: the parent's run is not ours
+  {
+    std::lock_guard lock(mutex_);
+    cancelled_ = true;
+    // Give back the slots of undelivered batches now, so that a new pass can
+    // reuse them: a worker still writing a sample holds its own reference,
+    // and finalize() works on its own copy.
+    for (BatchState& state : ring_) {
+      state.slot.reset();
+      state.result = Batch{};
+    }
+  }
+  window_cv_.notify_all();
+  ready_cv_.notify_all();
+  slot_cv_.notify_all();
+}
+
+void EpochRun::work(int /*worker*/) noexcept {
+  while (!cancelled_.load(std::memory_order_relaxed)) {
+    const int64_t position = next_position_.fetch_add(1);
+    if (position >= plan_.num_positions) return;
+    const int64_t batch = position / plan_.options.batch_size;
+    if (batch > failed_batch_.load())
+      return;  // an earlier batch failed; nothing after it is needed
+    if (!wait_for_window(batch)) return;
+    process_sample(position);
+  }
+}
+
+bool EpochRun::wait_for_window(int64_t batch) {
+  std::unique_lock lock(mutex_);
+  window_cv_.wait(
+      lock, [&] { return cancelled_.load() || batch < delivered_ + plan_.pressure->window(); });
+  return !cancelled_.load();
+}
+
+EpochRun::BatchState& EpochRun::open_batch(int64_t batch, std::shared_ptr<Storage>& slot_out) {
+  std::unique_lock lock(mutex_);
+  BatchState& state = ring_[static_cast<size_t>(batch % plan_.prefetch)];
+  if (state.batch == batch) {
+    // Another worker opened it; wait until its slot is there.
+    slot_cv_.wait(lock, [&] { return state.slot_ready || cancelled_.load(); });
+    // Each writer holds its own reference: the slot cannot return to the pool
+    // while a sample is still being written into it, even if the run is
+    // cancelled meanwhile.
+    slot_out = state.slot;
+    return state;
+  }
+  // This worker opens the batch. The entry last held batch - prefetch, which
+  // the window guarantees was delivered (moved out) already.
+  const int64_t batch_size = plan_.options.batch_size;
+  state.batch = batch;
+  state.first_position = batch * batch_size;
+  state.rows = std::min(batch_size, plan_.num_positions - state.first_position);
+  state.remaining = state.rows;
+  state.arena_cursor = 0;
+  state.indices.assign(static_cast<size_t>(state.rows), -1);
+  state.skipped.assign(static_cast<size_t>(state.rows), 0);
+  if (plan_.options.collate == Collate::kList) {
+    state.row_tensors.resize(static_cast<size_t>(state.rows));
+    for (auto& row : state.row_tensors) row.assign(plan_.source->fields().size(), Tensor());
+  }
+  state.error.reset();
+  state.error_row = -1;
+  state.slot_ready = false;
+  state.ready = false;
+  state.result = Batch{};
+  ++plan_.counters->batches_in_flight;
+  lock.unlock();
+
+  // Take the slot outside the lock: it may wait for the consumer to drop a
+  // batch, and the consumer must not be blocked meanwhile.
+  std::shared_ptr<Storage> slot;
+  std::optional<SampleError> failure;
+  try {
+    slot = plan_.pool->acquire(kSlotPatience);
+  } catch (...) {
+    failure = make_sample_error(static_cast<int64_t>(plan_.sampler.index_at(
+                                    plan_.epoch, static_cast<uint64_t>(state.first_position))),
+                                plan_.source->describe(), "", "allocate batch slot",
+                                std::current_exception());
+  }
+  lock.lock();
+  if (failure) {
+    state.error = std::move(failure);
+    state.error_row = 0;
+    failed_batch_ = std::min(failed_batch_.load(), batch);
+  }
+  if (!cancelled_.load()) state.slot = slot;  // cancel() gave the ring's slots back already
+  state.slot_ready = true;
+  slot_out = std::move(slot);
+  lock.unlock();
+  slot_cv_.notify_all();
+  return state;
+}
+
+void EpochRun::check_pressure() {
+  if (plan_.pressure->check(*plan_.pool)) window_cv_.notify_all();
+}
+
+void EpochRun::process_sample(int64_t position) {
+  const int64_t batch = position / plan_.options.batch_size;
+  if (position % plan_.options.batch_size == 0) check_pressure();
+  std::shared_ptr<Storage> slot;
+  BatchState& state = open_batch(batch, slot);
+  const int64_t row = position - state.first_position;
+  const auto index =
+      static_cast<int64_t>(plan_.options.shuffle ? permutation_(static_cast<uint64_t>(position))
+                                                 : static_cast<uint64_t>(position));
+  state.indices[static_cast<size_t>(row)] = index;
+
+  if (slot == nullptr) {
+    // The batch has no slot (the allocation failed and is the batch's error).
+    if (state.remaining.fetch_sub(1) == 1) finalize(state);
+    return;
+  }
+  const auto started = Clock::now();
+  try {
+    RowWriter writer(*this, state, slot, row);
+    plan_.source->read_sample(index, writer);
+    writer.check_complete();
+  } catch (...) {
+    record_failure(
+        state, row,
+        make_sample_error(index, plan_.source->describe(), plan_.source->sample_location(index),
+                          "read", std::current_exception()));
+  }
+  plan_.counters->read_ns += elapsed_ns(started);
+  ++plan_.counters->samples_read;
+
+  if (state.remaining.fetch_sub(1) == 1) finalize(state);
+}
+
+void EpochRun::record_failure(BatchState& state, int64_t row, SampleError error) {
+  const int64_t batch = state.batch;
+  if (plan_.options.on_error == OnError::kSkip) {
+    state.skipped[static_cast<size_t>(row)] = 1;
+    const uint64_t count = ++skipped_count_;
+    ++plan_.counters->samples_skipped;
+    std::lock_guard lock(mutex_);
+    if (skipped_.size() < kSkippedDetailLimit) {
+      skipped_.push_back({error.sample_index(), error.what()});
+    }
+    if (count <= max_skipped_) return;
+    // Past the allowed fraction: the skip becomes the batch's error.
+    const std::string message =
+        std::to_string(count) + " samples skipped in epoch " + std::to_string(plan_.epoch) +
+        ", more than max_skip_fraction=" + std::to_string(plan_.options.max_skip_fraction) +
+        " of " + std::to_string(plan_.num_positions) + "; last: " + error.cause();
+    if (!state.error || row < state.error_row) {
+      state.error = SampleError(error.sample_index(), error.source(), error.location(),
+                                error.stage(), message, error.kind());
+      state.error_row = row;
+    }
+    failed_batch_ = std::min(failed_batch_.load(), batch);
+    return;
+  }
+  std::lock_guard lock(mutex_);
+  if (!state.error || row < state.error_row) {
+    state.error = std::move(error);
+    state.error_row = row;
+  }
+  failed_batch_ = std::min(failed_batch_.load(), batch);
+}
+
+void EpochRun::finalize(BatchState& state) {
+  const auto started = Clock::now();
+  std::shared_ptr<Storage> slot;
+  {
+    std::lock_guard lock(mutex_);
+    slot = state.slot;
+  }
+  Batch result;
+  if (!state.error && slot != nullptr) {
+    try {
+      if (plan_.options.collate == Collate::kStack) {
+        build_stacked(state, slot, result);
+      } else {
+        build_listed(state, result);
+      }
+    } catch (...) {
+      state.error =
+          make_sample_error(state.indices.empty() ? -1 : state.indices[0], plan_.source->describe(),
+                            "", "collate", std::current_exception());
+    }
+  }
+  if (auto warning = plan_.pressure->take_warning()) result.warnings.push_back(*warning);
+  if (plan_.pool->take_overflow_warning()) {
+    result.warnings.push_back(
+        "the consumer holds more batches than the loader's " +
+        std::to_string(plan_.pool->num_slots()) +
+        " batch slots; allocating beyond the planned memory. Release batches sooner or raise "
+        "prefetch/memory_budget.");
+  }
+  plan_.counters->collate_ns += elapsed_ns(started);
+  {
+    std::lock_guard lock(mutex_);
+    if (!cancelled_) state.result = std::move(result);
+    state.ready = true;
+  }
+  ready_cv_.notify_all();
+}
+
+void EpochRun::build_stacked(BatchState& state, const std::shared_ptr<Storage>& slot,
+                             Batch& result) {
+  const auto& fields = plan_.source->fields();
+  int64_t kept = 0;
+  for (int64_t row = 0; row < state.rows; ++row) {
+    if (state.skipped[static_cast<size_t>(row)]) continue;
+    if (kept != row) {
+      // Compact: move the row down over the skipped ones (rare path).
+      for (size_t f = 0; f < fields.size(); ++f) {
+        std::byte* base = slot->data() + plan_.field_offsets[f];
+        std::memmove(base + static_cast<size_t>(kept) * plan_.row_bytes[f],
+                     base + static_cast<size_t>(row) * plan_.row_bytes[f], plan_.row_bytes[f]);
+      }
+    }
+    result.indices.push_back(state.indices[static_cast<size_t>(row)]);
+    ++kept;
+  }
+  for (size_t f = 0; f < fields.size(); ++f) {
+    Shape shape{kept};
+    shape.insert(shape.end(), fields[f].shape->begin(), fields[f].shape->end());
+    result.stacked.emplace_back(slot, plan_.field_offsets[f], fields[f].dtype, std::move(shape));
+  }
+}
+
+void EpochRun::build_listed(BatchState& state, Batch& result) {
+  const size_t field_count = plan_.source->fields().size();
+  result.listed.assign(field_count, {});
+  for (int64_t row = 0; row < state.rows; ++row) {
+    if (state.skipped[static_cast<size_t>(row)]) continue;
+    result.indices.push_back(state.indices[static_cast<size_t>(row)]);
+    for (size_t f = 0; f < field_count; ++f) {
+      result.listed[f].push_back(std::move(state.row_tensors[static_cast<size_t>(row)][f]));
+    }
+  }
+}
+
+EpochIterator::Status EpochRun::next(Batch& out, std::chrono::milliseconds timeout) {
+  if (::getpid() != owner_pid_) {
+    throw Error("this iteration was started in process " + std::to_string(owner_pid_) +
+                " and cannot continue in a forked child (its worker threads exist only in the "
+                "parent); create the loader inside the child, or start workers with spawn");
+  }
+  const auto started = Clock::now();
+  std::unique_lock lock(mutex_);
+  if (finished_ || delivered_ >= plan_.num_batches) {
+    finished_ = true;
+    return EpochIterator::Status::kEnd;
+  }
+  BatchState& state = ring_[static_cast<size_t>(delivered_ % plan_.prefetch)];
+  const bool arrived = ready_cv_.wait_for(lock, timeout, [&] {
+    return cancelled_.load() || (state.batch == delivered_ && state.ready);
+  });
+  plan_.counters->consumer_wait_ns += elapsed_ns(started);
+  if (!arrived) return EpochIterator::Status::kTimeout;
+  if (cancelled_.load()) {
+    finished_ = true;
+    throw Error(
+        "this iteration was cancelled: a new iteration of the same Loader started, or "
+        "the Loader was closed");
+  }
+  state.batch = -1;
+  state.slot.reset();
+  --plan_.counters->batches_in_flight;
+  if (state.error) {
+    // The error is raised once; the pass ends with it.
+    finished_ = true;
+    SampleError error = std::move(*state.error);
+    state.error.reset();
+    lock.unlock();
+    cancel();
+    throw error;
+  }
+  out = std::move(state.result);
+  out.batch_index = delivered_;
+  state.result = Batch{};
+  ++delivered_;
+  ++plan_.counters->batches_delivered;
+  lock.unlock();
+  window_cv_.notify_all();
+  return EpochIterator::Status::kBatch;
+}
+
+std::vector<SkippedSample> EpochRun::skipped() const {
+  std::lock_guard lock(mutex_);
+  return skipped_;
+}
+
+}  // namespace leanloader::detail

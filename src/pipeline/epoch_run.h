@@ -1,0 +1,120 @@
+// EpochRun: the state of one pass over an epoch, shared by the worker threads
+// (as a Job) and the consumer (through EpochIterator). Internal.
+//
+// Work is claimed one sample position at a time from an atomic counter, so
+// threads balance naturally. A batch may be started only inside the window
+// [delivered, delivered + prefetch): this bounds the work and memory in
+// flight. The first worker to touch a batch takes its slot from the pool; the
+// last worker to finish one of its samples finalises it (compaction of
+// skipped rows, tensor views) and wakes the consumer. Delivery is in order.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "leanloader/core/error.h"
+#include "leanloader/pipeline/loader.h"
+#include "pipeline/pressure_policy.h"
+
+namespace leanloader::detail {
+
+struct LoaderCounters {
+  std::atomic<uint64_t> read_ns{0};
+  std::atomic<uint64_t> transform_ns{0};
+  std::atomic<uint64_t> collate_ns{0};
+  std::atomic<uint64_t> consumer_wait_ns{0};
+  std::atomic<uint64_t> samples_read{0};
+  std::atomic<uint64_t> samples_skipped{0};
+  std::atomic<uint64_t> batches_delivered{0};
+  std::atomic<uint64_t> heap_fallback_bytes{0};
+  std::atomic<size_t> batches_in_flight{0};
+};
+
+// Everything an EpochRun needs from its Loader, fixed for the run.
+struct RunPlan {
+  std::shared_ptr<const Source> source;
+  std::shared_ptr<BatchPool> pool;
+  std::shared_ptr<LoaderCounters> counters;
+  std::shared_ptr<PressurePolicy> pressure;
+  LoaderOptions options;
+  Sampler sampler;
+  uint64_t epoch = 0;
+  int64_t num_batches = 0;
+  int64_t num_positions = 0;  // samples visited this epoch (drop_last trims)
+  int prefetch = 1;
+  std::vector<size_t> field_offsets;
+  std::vector<size_t> row_bytes;
+};
+
+class EpochRun final : public Job {
+ public:
+  explicit EpochRun(RunPlan plan);
+  ~EpochRun() override;
+
+  void work(int worker) noexcept override;
+  void cancel() noexcept override;
+
+  EpochIterator::Status next(Batch& out, std::chrono::milliseconds timeout);
+  uint64_t epoch() const noexcept { return plan_.epoch; }
+  std::vector<SkippedSample> skipped() const;
+  uint64_t skipped_count() const noexcept { return skipped_count_.load(); }
+
+ private:
+  struct BatchState {
+    int64_t batch = -1;
+    int64_t first_position = 0;
+    int64_t rows = 0;
+    std::shared_ptr<Storage> slot;
+    std::atomic<int64_t> remaining{0};
+    std::atomic<size_t> arena_cursor{0};
+    std::vector<int64_t> indices;
+    std::vector<uint8_t> skipped;
+    std::vector<std::vector<Tensor>> row_tensors;  // collate=list: [row][field]
+    std::optional<SampleError> error;              // lowest failing row wins
+    int64_t error_row = -1;
+    bool slot_ready = false;  // the opener has taken (or failed to take) the slot
+    bool ready = false;
+    Batch result;
+  };
+
+  class RowWriter;
+
+  bool wait_for_window(int64_t batch);
+  // Lets the pressure policy move the window; called when a batch is opened
+  // (never on the consumer's path).
+  void check_pressure();
+  BatchState& open_batch(int64_t batch, std::shared_ptr<Storage>& slot_out);
+  void process_sample(int64_t position);
+  void record_failure(BatchState& state, int64_t row, SampleError error);
+  void finalize(BatchState& state);
+  void build_stacked(BatchState& state, const std::shared_ptr<Storage>& slot, Batch& result);
+  void build_listed(BatchState& state, Batch& result);
+
+  RunPlan plan_;
+  pid_t owner_pid_;  // next() and cancel() do nothing safe in a forked child
+  Permutation permutation_;
+  std::atomic<int64_t> next_position_{0};
+  std::atomic<bool> cancelled_{false};
+  std::atomic<int64_t> failed_batch_;
+  std::atomic<uint64_t> skipped_count_{0};
+  uint64_t max_skipped_ = 0;
+
+  mutable std::mutex mutex_;
+  std::condition_variable window_cv_;  // delivered_ advanced, or cancelled
+  std::condition_variable ready_cv_;   // a batch became ready, or cancelled
+  std::condition_variable slot_cv_;    // a batch's slot was taken
+  std::vector<BatchState> ring_;       // prefetch entries, batch b at b % prefetch
+  int64_t delivered_ = 0;
+  bool finished_ = false;
+  std::vector<SkippedSample> skipped_;
+};
+
+}  // namespace leanloader::detail

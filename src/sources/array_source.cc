@@ -1,0 +1,55 @@
+#include "leanloader/sources/array_source.h"
+
+#include "leanloader/core/error.h"
+
+namespace leanloader {
+
+ArraySource::ArraySource(std::vector<Field> fields) : arrays_(std::move(fields)) {
+  if (arrays_.empty()) throw InvalidArgument("ArraySource needs at least one array");
+  rows_ = -1;
+  for (const Field& field : arrays_) {
+    if (field.array.ndim() == 0) {
+      throw InvalidArgument("ArraySource field '" + field.name +
+                            "' is a scalar; samples are rows along the first dimension");
+    }
+    const int64_t rows = field.array.shape()[0];
+    if (rows_ >= 0 && rows != rows_) {
+      throw InvalidArgument("ArraySource fields disagree on the number of samples: '" +
+                            arrays_.front().name + "' has " + std::to_string(rows_) + " rows, '" +
+                            field.name + "' has " + std::to_string(rows));
+    }
+    rows_ = rows;
+    Shape row_shape(field.array.shape().begin() + 1, field.array.shape().end());
+    row_bytes_ += shape_numel(row_shape) * dtype_size(field.array.dtype());
+    specs_.push_back({field.name, field.array.dtype(), std::move(row_shape)});
+  }
+}
+
+void ArraySource::read_sample(int64_t index, SampleWriter& writer) const {
+  if (index < 0 || index >= rows_) {
+    throw InvalidArgument("index " + std::to_string(index) + " out of range for " +
+                          std::to_string(rows_) + " samples");
+  }
+  for (size_t f = 0; f < arrays_.size(); ++f) {
+    const Tensor& array = arrays_[f].array;
+    const Shape& row_shape = *specs_[f].shape;
+    const Shape row_strides(array.strides().begin() + 1, array.strides().end());
+    const size_t itemsize = dtype_size(array.dtype());
+    const std::byte* row = array.data() + static_cast<size_t>(index) *
+                                              static_cast<size_t>(array.strides()[0]) * itemsize;
+    const std::span<std::byte> dst = writer.field_buffer(f, row_shape);
+    copy_strided(row, row_shape, row_strides, itemsize, dst.data());
+  }
+}
+
+std::string ArraySource::describe() const {
+  std::string names;
+  for (const Field& field : arrays_) names += (names.empty() ? "" : ", ") + field.name;
+  return "ArraySource(" + names + ")";
+}
+
+std::string ArraySource::sample_location(int64_t index) const {
+  return "row " + std::to_string(index);
+}
+
+}  // namespace leanloader

@@ -1,0 +1,156 @@
+#include "leanloader/sources/npy_source.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include "io/file_io.h"
+#include "leanloader/core/error.h"
+
+namespace leanloader {
+
+namespace {
+
+size_t data_bytes(const NpyHeader& header) {
+  return shape_numel(header.shape) * dtype_size(header.dtype);
+}
+
+}  // namespace
+
+std::shared_ptr<NpySource> NpySource::from_arrays(
+    const std::vector<std::pair<std::string, std::string>>& fields) {
+  if (fields.empty()) throw InvalidArgument("NpySource needs at least one .npy file");
+  std::shared_ptr<NpySource> source(new NpySource());
+  source->rows_ = -1;
+  std::string paths;
+  for (const auto& [name, path] : fields) {
+    MappedArray array;
+    array.path = path;
+    array.reader = std::make_shared<detail::File>(path);
+    array.header = parse_npy_header(array.reader->read_prefix(kNpyMaxHeaderBytes), path);
+    const NpyHeader& header = array.header;
+    const size_t needed = header.data_offset + data_bytes(header);
+    if (needed > array.reader->size()) {
+      throw FormatError("'" + path + "': truncated .npy file: the header describes " +
+                        shape_to_string(header.shape) + " " +
+                        std::string(dtype_name(header.dtype)) + " (" + std::to_string(needed) +
+                        " bytes) but the file has " + std::to_string(array.reader->size()));
+    }
+    if (header.fortran_order) array.mapping = MappedFile::open(path);
+    if (header.shape.empty()) {
+      throw InvalidArgument("'" + path + "' holds a scalar; NpySource needs rows (dimension 0)");
+    }
+    const Shape strides = header.fortran_order ? [&] {
+      Shape s(header.shape.size());
+      int64_t stride = 1;
+      for (size_t i = 0; i < s.size(); ++i) {
+        s[i] = stride;
+        stride *= std::max<int64_t>(header.shape[i], 1);
+      }
+      return s;
+    }()
+                                               : contiguous_strides(header.shape);
+    array.row_shape.assign(header.shape.begin() + 1, header.shape.end());
+    array.row_strides.assign(strides.begin() + 1, strides.end());
+    array.row_step = static_cast<size_t>(strides[0]) * dtype_size(header.dtype);
+    if (source->rows_ >= 0 && header.shape[0] != source->rows_) {
+      throw InvalidArgument("NpySource files disagree on the number of samples: '" +
+                            fields.front().second + "' has " + std::to_string(source->rows_) +
+                            " rows, '" + path + "' has " + std::to_string(header.shape[0]));
+    }
+    source->rows_ = header.shape[0];
+    source->sample_bytes_ += shape_numel(array.row_shape) * dtype_size(header.dtype);
+    source->specs_.push_back({name, header.dtype, array.row_shape});
+    source->arrays_.push_back(std::move(array));
+    paths += (paths.empty() ? "" : ", ") + path;
+  }
+  source->description_ = "NpySource(" + paths + ")";
+  return source;
+}
+
+std::shared_ptr<NpySource> NpySource::from_directory(const std::string& field_name,
+                                                     const std::string& directory) {
+  std::shared_ptr<NpySource> source(new NpySource());
+  DIR* dir = ::opendir(directory.c_str());
+  if (dir == nullptr) throw IoError("cannot open directory", directory, errno);
+  while (const dirent* entry = ::readdir(dir)) {
+    const std::string name = entry->d_name;
+    if (name.size() > 4 && name.compare(name.size() - 4, 4, ".npy") == 0) {
+      source->files_.push_back(directory + "/" + name);
+    }
+  }
+  ::closedir(dir);
+  if (source->files_.empty()) {
+    throw InvalidArgument("directory '" + directory + "' holds no .npy files");
+  }
+  std::sort(source->files_.begin(), source->files_.end());
+  source->rows_ = static_cast<int64_t>(source->files_.size());
+  // The first file sets the field's dtype and (expected) shape.
+  const std::vector<std::byte> head =
+      detail::read_file_prefix(source->files_.front(), kNpyMaxHeaderBytes);
+  const NpyHeader header = parse_npy_header(head, source->files_.front());
+  source->specs_.push_back({field_name, header.dtype, header.shape});
+  source->sample_bytes_ = data_bytes(header);
+  source->description_ = "NpySource(" + directory + "/*.npy)";
+  return source;
+}
+
+void NpySource::read_sample(int64_t index, SampleWriter& writer) const {
+  if (index < 0 || index >= rows_) {
+    throw InvalidArgument("index " + std::to_string(index) + " out of range for " +
+                          std::to_string(rows_) + " samples");
+  }
+  if (files_.empty()) {
+    read_from_arrays(index, writer);
+  } else {
+    read_from_file(index, writer);
+  }
+}
+
+void NpySource::read_from_arrays(int64_t index, SampleWriter& writer) const {
+  for (size_t f = 0; f < arrays_.size(); ++f) {
+    const MappedArray& array = arrays_[f];
+    const size_t offset = array.header.data_offset + static_cast<size_t>(index) * array.row_step;
+    const std::span<std::byte> dst = writer.field_buffer(f, array.row_shape);
+    if (array.mapping == nullptr) {
+      array.reader->read_exact(offset, dst);  // a C-order row is contiguous
+    } else {
+      copy_strided(array.mapping->data() + offset, array.row_shape, array.row_strides,
+                   dtype_size(array.header.dtype), dst.data());
+    }
+  }
+}
+
+void NpySource::read_from_file(int64_t index, SampleWriter& writer) const {
+  const std::string& path = files_[static_cast<size_t>(index)];
+  detail::File file(path);
+  const std::vector<std::byte> head = file.read_prefix(kNpyMaxHeaderBytes);
+  const NpyHeader header = parse_npy_header(head, path);
+  if (header.dtype != specs_[0].dtype) {
+    throw FormatError("'" + path + "': dtype " + std::string(dtype_name(header.dtype)) +
+                      " differs from the " + std::string(dtype_name(specs_[0].dtype)) +
+                      " of the directory's first file");
+  }
+  if (header.fortran_order) {
+    throw FormatError("'" + path + "': fortran_order=True is not supported for per-sample files");
+  }
+  const size_t bytes = data_bytes(header);
+  if (header.data_offset + bytes > file.size()) {
+    throw FormatError("'" + path + "': truncated .npy file: " + std::to_string(bytes) +
+                      " data bytes expected after the header, the file has " +
+                      std::to_string(file.size() - std::min(file.size(), header.data_offset)));
+  }
+  const std::span<std::byte> dst = writer.field_buffer(0, header.shape);
+  file.read_exact(header.data_offset, dst);
+}
+
+std::string NpySource::sample_location(int64_t index) const {
+  if (!files_.empty()) return files_[static_cast<size_t>(index)];
+  return arrays_.front().path + " row " + std::to_string(index);
+}
+
+}  // namespace leanloader

@@ -1,0 +1,180 @@
+#include "leanloader/workers/shared_segment.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <random>
+
+#include "leanloader/core/error.h"
+
+namespace leanloader {
+
+namespace {
+
+// Live segments of this process by start address, for find().
+struct Registry {
+  std::mutex mutex;
+  std::map<uintptr_t, std::pair<size_t, std::weak_ptr<SharedSegment>>> by_start;
+};
+
+Registry& registry() {
+  static Registry* instance = new Registry();  // never destroyed: segments may outlive statics
+  return *instance;
+}
+
+std::string unique_name() {
+  static std::atomic<uint64_t> counter{0};
+  static const uint64_t salt = std::random_device{}();
+  const uint64_t n = counter.fetch_add(1);
+  return "leanloader-" + std::to_string(::getpid()) + "-" + std::to_string(n) + "-" +
+         std::to_string(salt % 1000000007u);
+}
+
+std::string mib(uint64_t bytes) {
+  const uint64_t tenths = bytes * 10 / (uint64_t{1} << 20);
+  return std::to_string(tenths / 10) + "." + std::to_string(tenths % 10) + " MiB";
+}
+
+// An ENOSPC from posix_fallocate, with what a user needs to fix it.
+[[noreturn]] void throw_no_space(const std::string& dir, size_t size) {
+  std::string message = "cannot reserve " + std::to_string(size) + " bytes (" + mib(size) +
+                        ") of shared memory in '" + dir + "': no space left on device";
+  struct statvfs st {};
+  if (::statvfs(dir.c_str(), &st) == 0) {
+    const uint64_t free_bytes = uint64_t{st.f_bavail} * st.f_frsize;
+    const uint64_t total_bytes = uint64_t{st.f_blocks} * st.f_frsize;
+    message += " (" + mib(free_bytes) + " free of " + mib(total_bytes) + ")";
+  }
+  message +=
+      "; enlarge it (docker run --shm-size=8g, or mount -o remount,size=8G " + dir +
+      "), use fewer workers or smaller batches, or point LEANLOADER_SHM_DIR at a larger tmpfs";
+  throw Error(message, ErrorKind::kIo, ENOSPC);
+}
+
+}  // namespace
+
+std::string default_shm_dir() {
+  const char* env = std::getenv("LEANLOADER_SHM_DIR");
+  if (env != nullptr && env[0] != '\0') return env;
+  return "/dev/shm";
+}
+
+SharedSegment::SharedSegment(std::byte* data, size_t size, int fd, std::string path, bool writable,
+                             bool copy_on_write)
+    : Storage(data, size, StorageKind::kHeap),  // leanloader-owned memory (shmem)
+      fd_(fd),
+      path_(std::move(path)),
+      writable_(writable || copy_on_write),
+      copy_on_write_(copy_on_write) {}
+
+void SharedSegment::register_segment(const std::shared_ptr<SharedSegment>& segment) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.by_start[reinterpret_cast<uintptr_t>(segment->data())] = {segment->size(), segment};
+}
+
+SharedSegment::~SharedSegment() {
+  {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    auto it = r.by_start.find(reinterpret_cast<uintptr_t>(data_));
+    if (it != r.by_start.end() && it->second.second.expired()) r.by_start.erase(it);
+  }
+  if (data_ != nullptr) ::munmap(data_, size_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+std::shared_ptr<SharedSegment> SharedSegment::create(size_t size, const std::string& dir_arg) {
+  if (size == 0) throw InvalidArgument("a shared memory segment needs a size above 0");
+  const std::string dir = dir_arg.empty() ? default_shm_dir() : dir_arg;
+  const std::string path = dir + "/" + unique_name();
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) throw IoError("cannot create shared memory segment", path, errno);
+  // From here on the name exists: remove it on every path out.
+  const int reserve_error = ::posix_fallocate(fd, 0, static_cast<off_t>(size));
+  if (reserve_error != 0) {
+    ::unlink(path.c_str());
+    ::close(fd);
+    if (reserve_error == ENOSPC) throw_no_space(dir, size);
+    throw IoError("cannot reserve " + std::to_string(size) + " bytes for", path, reserve_error);
+  }
+  void* data = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int map_error = errno;
+  // Unlinked now: the memory stays while this descriptor or a mapping (here
+  // or in a worker) exists, and nothing remains in `dir` after any exit.
+  ::unlink(path.c_str());
+  if (data == MAP_FAILED) {
+    ::close(fd);
+    throw IoError("cannot map shared memory segment", path, map_error);
+  }
+  auto segment = std::shared_ptr<SharedSegment>(
+      new SharedSegment(static_cast<std::byte*>(data), size, fd, path, true, false));
+  register_segment(segment);
+  return segment;
+}
+
+std::shared_ptr<SharedSegment> SharedSegment::attach(const std::string& path, bool writable,
+                                                     bool copy_on_write) {
+  const bool shared_write = writable && !copy_on_write;
+  const int fd = ::open(path.c_str(), (shared_write ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+  if (fd < 0) throw IoError("cannot open shared memory segment", path, errno);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int error_number = errno;
+    ::close(fd);
+    throw IoError("cannot stat shared memory segment", path, error_number);
+  }
+  const auto size = static_cast<size_t>(st.st_size);
+  if (size == 0) {
+    ::close(fd);
+    throw InvalidArgument("shared memory segment '" + path + "' is empty");
+  }
+  const int protection = PROT_READ | (writable || copy_on_write ? PROT_WRITE : 0);
+  void* data = ::mmap(nullptr, size, protection, copy_on_write ? MAP_PRIVATE : MAP_SHARED, fd, 0);
+  if (data == MAP_FAILED) {
+    const int error_number = errno;
+    ::close(fd);
+    throw IoError("cannot map shared memory segment", path, error_number);
+  }
+  auto segment = std::shared_ptr<SharedSegment>(
+      new SharedSegment(static_cast<std::byte*>(data), size, fd, path, writable, copy_on_write));
+  register_segment(segment);
+  return segment;
+}
+
+std::string SharedSegment::attach_path() const {
+  return "/proc/" + std::to_string(::getpid()) + "/fd/" + std::to_string(fd_);
+}
+
+void SharedSegment::write(size_t offset, const void* src, size_t bytes) {
+  if (!writable_) throw InvalidArgument("shared memory segment '" + path_ + "' is read-only");
+  if (offset > size_ || bytes > size_ - offset) {
+    throw InvalidArgument("write of " + std::to_string(bytes) + " bytes at offset " +
+                          std::to_string(offset) + " does not fit a shared memory segment of " +
+                          std::to_string(size_) + " bytes");
+  }
+  if (bytes > 0) std::memcpy(data_ + offset, src, bytes);
+}
+
+std::shared_ptr<SharedSegment> SharedSegment::find(const void* address) {
+  const auto a = reinterpret_cast<uintptr_t>(address);
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto it = r.by_start.upper_bound(a);
+  if (it == r.by_start.begin()) return nullptr;
+  --it;
+  if (a >= it->first + it->second.first) return nullptr;
+  return it->second.second.lock();
+}
+
+}  // namespace leanloader

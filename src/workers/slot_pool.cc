@@ -1,0 +1,99 @@
+#include "leanloader/workers/slot_pool.h"
+
+#include <string>
+
+#include "leanloader/core/error.h"
+
+namespace leanloader {
+
+namespace {
+constexpr size_t kSlotAlignment = 4096;
+}  // namespace
+
+// A held slot: the bytes of one slot, returned to the pool on destruction.
+// Holds the pool (and so the segment) alive.
+class SlotStorage final : public Storage {
+ public:
+  SlotStorage(std::shared_ptr<SlotPool> pool, size_t slot)
+      : Storage(pool->segment()->data() + pool->slot_offset(slot), pool->slot_bytes(),
+                StorageKind::kPoolSlot),
+        pool_(std::move(pool)),
+        slot_(slot) {}
+  ~SlotStorage() override { pool_->give_back(slot_); }
+
+ private:
+  std::shared_ptr<SlotPool> pool_;
+  size_t slot_;
+};
+
+std::shared_ptr<SlotPool> SlotPool::create(size_t slot_bytes, size_t num_slots,
+                                           const std::string& dir) {
+  if (slot_bytes == 0 || num_slots == 0) {
+    throw InvalidArgument("a slot pool needs slot_bytes and num_slots above 0, got " +
+                          std::to_string(slot_bytes) + " and " + std::to_string(num_slots));
+  }
+  const size_t rounded = (slot_bytes + kSlotAlignment - 1) / kSlotAlignment * kSlotAlignment;
+  if (num_slots > SIZE_MAX / rounded) {
+    throw InvalidArgument("slot pool of " + std::to_string(num_slots) + " x " +
+                          std::to_string(rounded) + " bytes overflows");
+  }
+  auto segment = SharedSegment::create(rounded * num_slots, dir);
+  return std::shared_ptr<SlotPool>(new SlotPool(std::move(segment), rounded, num_slots));
+}
+
+SlotPool::SlotPool(std::shared_ptr<SharedSegment> segment, size_t slot_bytes, size_t num_slots)
+    : segment_(std::move(segment)),
+      slot_bytes_(slot_bytes),
+      num_slots_(num_slots),
+      acquired_(num_slots, false) {
+  free_.reserve(num_slots);
+  for (size_t i = num_slots; i > 0; --i) free_.push_back(i - 1);  // slot 0 first
+}
+
+std::optional<size_t> SlotPool::acquire() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (free_.empty()) return std::nullopt;
+  const size_t slot = free_.back();
+  free_.pop_back();
+  acquired_[slot] = true;
+  return slot;
+}
+
+void SlotPool::check_slot(size_t slot, const char* what) const {
+  if (slot >= num_slots_) {
+    throw InvalidArgument(std::string("cannot ") + what + " slot " + std::to_string(slot) +
+                          " of a pool of " + std::to_string(num_slots_) + " slots");
+  }
+  if (!acquired_[slot]) {
+    throw InvalidArgument(std::string("cannot ") + what + " slot " + std::to_string(slot) +
+                          ": it is not acquired");
+  }
+}
+
+void SlotPool::release(size_t slot) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  check_slot(slot, "release");
+  acquired_[slot] = false;
+  free_.push_back(slot);
+}
+
+std::shared_ptr<Storage> SlotPool::hold(size_t slot) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    check_slot(slot, "hold");
+  }
+  return std::make_shared<SlotStorage>(shared_from_this(), slot);
+}
+
+void SlotPool::give_back(size_t slot) noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  acquired_[slot] = false;
+  free_.push_back(slot);
+}
+
+size_t SlotPool::slots_in_use() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return num_slots_ - free_.size();
+}
+
+}  // namespace leanloader

@@ -1,0 +1,19 @@
+#include "leanloader/workers/worker_process.h"
+
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "leanloader/core/error.h"
+
+namespace leanloader {
+
+bool set_parent_death_signal(int signal, int expected_parent) {
+  if (::prctl(PR_SET_PDEATHSIG, signal, 0, 0, 0) != 0) {
+    throw IoError("prctl(PR_SET_PDEATHSIG) failed for", "this process", errno);
+  }
+  return expected_parent <= 0 || ::getppid() == expected_parent;
+}
+
+}  // namespace leanloader

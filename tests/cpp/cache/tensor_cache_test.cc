@@ -1,0 +1,282 @@
+// TensorCache: reading sharded caches and per-sample folders, zero-copy
+// entries, clean-up after a crashed writer, verification.
+#include "leanloader/cache/tensor_cache.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "leanloader/cache/cache_writer.h"
+#include "leanloader/core/error.h"
+#include "leanloader/io/safetensors.h"
+#include "leanloader/pipeline/loader.h"
+#include "leanloader/sources/subset_source.h"
+#include "test_util.h"
+
+namespace leanloader {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::TempDir;
+
+Tensor filled(float value, int64_t count) {
+  auto storage = HeapStorage::allocate(static_cast<size_t>(count) * 4);
+  auto* data = reinterpret_cast<float*>(storage->data());
+  for (int64_t i = 0; i < count; ++i) data[i] = value + static_cast<float>(i) * 0.001f;
+  return Tensor(storage, 0, DType::kF32, {count});
+}
+
+Tensor ids(int64_t value) {
+  auto storage = HeapStorage::allocate(8);
+  std::memcpy(storage->data(), &value, 8);
+  return Tensor(storage, 0, DType::kI64, {1});
+}
+
+// Samples "k<i>": "x" = 32 floats from i, "id" = i.
+void build(const std::string& cache, int count, size_t shard_bytes = 1000) {
+  CacheWriterOptions options;
+  options.shard_bytes = shard_bytes;
+  CacheWriter writer(cache, options);
+  for (int i = 0; i < count; ++i) {
+    writer.add("k" + std::to_string(i), {}, {{"x", filled(float(i), 32)}, {"id", ids(i)}});
+  }
+  writer.flush();
+}
+
+// Gives every field of one sample its own buffer.
+class BufferWriter final : public SampleWriter {
+ public:
+  std::span<std::byte> field_buffer(size_t field, const Shape& shape) override {
+    if (buffers.size() <= field) buffers.resize(field + 1);
+    size_t bytes = shape_numel(shape) * (field == 0 ? 4 : 8);
+    buffers[field].assign(bytes, std::byte{0});
+    return buffers[field];
+  }
+  template <typename T>
+  T value(size_t field, size_t i = 0) const {
+    T out;
+    std::memcpy(&out, buffers[field].data() + i * sizeof(T), sizeof(T));
+    return out;
+  }
+  std::vector<std::vector<std::byte>> buffers;
+};
+
+TEST(TensorCacheTest, ReadsEverySampleOfAShardedCache) {
+  TempDir dir;
+  const std::string cache_dir = dir.file("c");
+  build(cache_dir, 25);
+  const auto cache = TensorCache::open(cache_dir);
+  EXPECT_EQ(cache->layout(), TensorCache::Layout::kSharded);
+  ASSERT_EQ(cache->size(), 25);
+  EXPECT_GE(cache->manifest()->shards.size(), 4u);  // 8 samples of 136 bytes per shard
+  ASSERT_EQ(cache->fields().size(), 2u);
+  EXPECT_EQ(cache->fields()[0].name, "x");
+  EXPECT_EQ(cache->fields()[0].dtype, DType::kF32);
+  EXPECT_EQ(*cache->fields()[0].shape, (Shape{32}));
+  EXPECT_EQ(cache->estimated_sample_bytes(), 32u * 4 + 8);
+  for (int64_t i = 0; i < cache->size(); ++i) {
+    BufferWriter writer;
+    cache->read_sample(i, writer);
+    const int64_t id = writer.value<int64_t>(1);
+    EXPECT_EQ("k" + std::to_string(id), cache->key(i));
+    EXPECT_FLOAT_EQ(writer.value<float>(0, 5), float(id) + 0.005f);
+  }
+  EXPECT_EQ(cache->find("k7").value_or(-1) >= 0, true);
+  EXPECT_FALSE(cache->find("nope").has_value());
+  EXPECT_NE(cache->sample_location(0).find(" key k"), std::string::npos);
+}
+
+TEST(TensorCacheTest, EntriesAreZeroCopyViewsOfTheMapping) {
+  TempDir dir;
+  build(dir.file("c"), 4);
+  const auto cache = TensorCache::open(dir.file("c"));
+  const auto entry = cache->entry(*cache->find("k2"));
+  ASSERT_EQ(entry.size(), 2u);
+  EXPECT_EQ(entry[0].first, "x");
+  EXPECT_EQ(entry[0].second.storage()->kind(), StorageKind::kMapped);
+  EXPECT_FLOAT_EQ(reinterpret_cast<const float*>(entry[0].second.data())[1], 2.001f);
+  // Both entries of one shard view the same mapping: mapped once.
+  const auto other = cache->entry(*cache->find("k3"));
+  if (cache->manifest()->entries[*cache->find("k2")].shard ==
+      cache->manifest()->entries[*cache->find("k3")].shard) {
+    EXPECT_EQ(entry[0].second.storage(), other[0].second.storage());
+  }
+}
+
+TEST(TensorCacheTest, LoaderBatchesACacheAndASubset) {
+  TempDir dir;
+  build(dir.file("c"), 30);
+  const auto cache = TensorCache::open(dir.file("c"));
+  LoaderOptions options;
+  options.batch_size = 4;
+  options.shuffle = true;
+  options.num_threads = 8;
+  Loader loader(cache, options);
+  std::vector<int> seen(30, 0);
+  auto it = loader.iterate();
+  Batch batch;
+  while (it->next(batch, std::chrono::seconds(10)) == EpochIterator::Status::kBatch) {
+    const auto* id = reinterpret_cast<const int64_t*>(batch.stacked[1].data());
+    const auto* x = reinterpret_cast<const float*>(batch.stacked[0].data());
+    for (size_t r = 0; r < batch.indices.size(); ++r) {
+      ++seen[static_cast<size_t>(id[r])];
+      EXPECT_FLOAT_EQ(x[r * 32], float(id[r]));
+    }
+  }
+  for (const int count : seen) EXPECT_EQ(count, 1);
+
+  const auto subset = std::make_shared<SubsetSource>(cache, std::vector<int64_t>{5, 1});
+  ASSERT_EQ(subset->size(), 2);
+  BufferWriter writer;
+  subset->read_sample(0, writer);
+  EXPECT_EQ(cache->key(5), "k" + std::to_string(writer.value<int64_t>(1)));
+  EXPECT_THROW(SubsetSource(cache, {30}), InvalidArgument);
+}
+
+TEST(TensorCacheTest, OpenRemovesLeftoversOfACrashedWriterOnlyWhenAlone) {
+  TempDir dir;
+  const std::string c = dir.file("c");
+  build(c, 3);
+  std::ofstream(c + "/shard-000099-dead.safetensors.tmp.1.abc") << "partial";
+  std::ofstream(c + "/manifest.json.tmp.1.abc") << "{";
+  save_safetensors(c + "/shard-000098-beef.safetensors", {{"0/x", filled(1, 2)}});
+  std::ofstream(c + "/notes.txt") << "user file";
+  {
+    // Someone else has the cache open: nothing is removed.
+    const auto first = TensorCache::open(c, /*cleanup=*/false);
+    const auto second = TensorCache::open(c);
+    EXPECT_TRUE(second->removed_on_open().empty());
+    const auto problems = second->verify(false);
+    ASSERT_EQ(problems.size(), 3u);
+    int partial = 0, garbage = 0;
+    for (const auto& problem : problems) {
+      partial += problem.kind == "partial" ? 1 : 0;
+      garbage += problem.kind == "garbage" ? 1 : 0;
+    }
+    EXPECT_EQ(partial, 2);
+    EXPECT_EQ(garbage, 1);
+  }
+  const auto alone = TensorCache::open(c);
+  EXPECT_EQ(alone->removed_on_open().size(), 3u);
+  EXPECT_TRUE(alone->verify(true).empty());
+  EXPECT_TRUE(fs::exists(c + "/notes.txt"));
+  EXPECT_EQ(alone->size(), 3);
+}
+
+TEST(TensorCacheTest, ACorruptShardNamesTheShardAndKeys) {
+  TempDir dir;
+  const std::string c = dir.file("c");
+  build(c, 6, 100000);
+  const auto manifest = read_cache_manifest(c + "/manifest.json");
+  const std::string shard = c + "/" + manifest.shards[0].file;
+  fs::resize_file(shard, fs::file_size(shard) - 4);
+  const auto cache = TensorCache::open(c);
+  BufferWriter writer;
+  try {
+    cache->read_sample(0, writer);
+    FAIL() << "read a truncated shard";
+  } catch (const FormatError& error) {
+    EXPECT_NE(std::string(error.what()).find(manifest.shards[0].file), std::string::npos);
+  }
+  const auto problems = cache->verify(false);
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_EQ(problems[0].kind, "invalid");
+  EXPECT_NE(problems[0].message.find("'k0'"), std::string::npos) << problems[0].message;
+}
+
+TEST(TensorCacheTest, VerifyReportsStaleSources) {
+  TempDir dir;
+  const std::string c = dir.file("c");
+  const std::string src = dir.file("img.png");
+  std::ofstream(src) << "pixels";
+  {
+    CacheWriter writer(c);
+    writer.add(src, fingerprint_file(src, false, "cfg"), {{"x", filled(1, 4)}});
+    writer.flush();
+  }
+  EXPECT_TRUE(TensorCache::open(c)->verify(true).empty());
+  std::ofstream(src) << "new pixels!";
+  const auto problems = TensorCache::open(c)->verify(true);
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_EQ(problems[0].kind, "stale");
+  EXPECT_NE(problems[0].where.find(src), std::string::npos);
+  fs::remove(src);
+  EXPECT_NE(TensorCache::open(c)->verify(true)[0].message.find("gone"), std::string::npos);
+}
+
+TEST(TensorCacheTest, ReadsAFolderOfPerSampleFiles) {
+  TempDir dir;
+  const std::string folder = dir.file("_latent_cache");
+  fs::create_directories(folder);
+  for (int i = 0; i < 5; ++i) {
+    save_safetensors(folder + "/img" + std::to_string(i) + "_h.safetensors",
+                     {{"latent", filled(float(i), 16)}},
+                     std::map<std::string, std::string>{{"format", "pt"}});
+  }
+  // A truncated file, as a trainer killed mid-write leaves it.
+  std::ofstream(folder + "/img9_h.safetensors", std::ios::binary) << std::string(12, '\x01');
+  const auto cache = TensorCache::open(folder);
+  EXPECT_EQ(cache->layout(), TensorCache::Layout::kPerSampleFiles);
+  ASSERT_EQ(cache->size(), 6);
+  EXPECT_EQ(cache->key(0), "img0_h");
+  EXPECT_EQ(*cache->fields()[0].shape, (Shape{16}));
+  BufferWriter writer;
+  cache->read_sample(3, writer);
+  EXPECT_FLOAT_EQ(writer.value<float>(0, 0), 3.0f);
+  EXPECT_EQ(cache->entry(2)[0].second.storage()->kind(), StorageKind::kMapped);
+  try {
+    cache->read_sample(5, writer);
+    FAIL();
+  } catch (const FormatError& error) {
+    EXPECT_NE(std::string(error.what()).find("img9_h.safetensors"), std::string::npos);
+  }
+  const auto problems = cache->verify(true);
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_EQ(problems[0].kind, "invalid");
+  // One file is a cache of one sample.
+  const auto single = TensorCache::open(folder + "/img1_h.safetensors");
+  ASSERT_EQ(single->size(), 1);
+  single->read_sample(0, writer);
+  EXPECT_FLOAT_EQ(writer.value<float>(0, 0), 1.0f);
+}
+
+TEST(TensorCacheTest, AnEmptyDirectoryIsAnEmptyCache) {
+  TempDir dir;
+  fs::create_directories(dir.file("e"));
+  const auto cache = TensorCache::open(dir.file("e"));
+  EXPECT_EQ(cache->size(), 0);
+  EXPECT_TRUE(cache->verify().empty());
+  EXPECT_THROW(TensorCache::open(dir.file("missing")), Error);
+}
+
+TEST(TensorCacheTest, ConcurrentReadersMapEachShardOnce) {
+  TempDir dir;
+  build(dir.file("c"), 40, 4000);
+  const auto cache = TensorCache::open(dir.file("c"));
+  std::vector<std::thread> threads;
+  std::atomic<int> bad{0};
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 50; ++round) {
+        const int64_t i = (t * 7 + round) % 40;
+        BufferWriter writer;
+        cache->read_sample(i, writer);
+        if (cache->key(i) != "k" + std::to_string(writer.value<int64_t>(1))) ++bad;
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(bad.load(), 0);
+  const auto a = cache->entry(0)[0].second.storage();
+  const auto b = cache->entry(0)[0].second.storage();
+  EXPECT_EQ(a, b);
+}
+
+}  // namespace
+}  // namespace leanloader

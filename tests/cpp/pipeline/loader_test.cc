@@ -1,0 +1,393 @@
+#include "leanloader/pipeline/loader.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <thread>
+
+#include "leanloader/core/error.h"
+#include "leanloader/sources/array_source.h"
+#include "leanloader/sources/file_source.h"
+#include "leanloader/sources/npy_source.h"
+#include "test_util.h"
+
+namespace leanloader {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::TempDir;
+using testing::write_npy;
+
+// An ArraySource of `size` samples: field "id" (int64, = index) and field
+// "x" (4 floats, = index * 10 + column).
+std::shared_ptr<ArraySource> id_source(int64_t size) {
+  auto ids = HeapStorage::allocate(static_cast<size_t>(size) * 8);
+  auto xs = HeapStorage::allocate(static_cast<size_t>(size) * 16);
+  for (int64_t i = 0; i < size; ++i) {
+    reinterpret_cast<int64_t*>(ids->data())[i] = i;
+    for (int c = 0; c < 4; ++c) reinterpret_cast<float*>(xs->data())[i * 4 + c] = float(i * 10 + c);
+  }
+  return std::make_shared<ArraySource>(std::vector<ArraySource::Field>{
+      {"id", Tensor(ids, 0, DType::kI64, {size})}, {"x", Tensor(xs, 0, DType::kF32, {size, 4})}});
+}
+
+// Runs one pass and returns every batch.
+std::vector<Batch> run_epoch(Loader& loader) {
+  auto iterator = loader.iterate();
+  std::vector<Batch> batches;
+  Batch batch;
+  while (true) {
+    const auto status = iterator->next(batch, 10s);
+    if (status == EpochIterator::Status::kEnd) break;
+    EXPECT_EQ(status, EpochIterator::Status::kBatch);
+    batches.push_back(std::move(batch));
+  }
+  return batches;
+}
+
+std::vector<int64_t> ids_of(const std::vector<Batch>& batches) {
+  std::vector<int64_t> ids;
+  for (const Batch& batch : batches) {
+    const Tensor& id = batch.stacked[0];
+    const auto* values = reinterpret_cast<const int64_t*>(id.data());
+    ids.insert(ids.end(), values, values + id.shape()[0]);
+  }
+  return ids;
+}
+
+LoaderOptions options(int64_t batch_size, bool shuffle, int threads, bool drop_last = false) {
+  LoaderOptions o;
+  o.batch_size = batch_size;
+  o.shuffle = shuffle;
+  o.num_threads = threads;
+  o.drop_last = drop_last;
+  return o;
+}
+
+TEST(LoaderTest, EveryIndexExactlyOncePerEpoch) {
+  for (const int64_t size : {1, 7, 64, 1000}) {
+    for (const bool shuffle : {false, true}) {
+      for (const bool drop_last : {false, true}) {
+        Loader loader(id_source(size), options(16, shuffle, 2, drop_last));
+        const auto batches = run_epoch(loader);
+        std::vector<int64_t> ids = ids_of(batches);
+        const int64_t expected = drop_last ? size / 16 * 16 : size;
+        ASSERT_EQ(static_cast<int64_t>(ids.size()), expected) << size << shuffle << drop_last;
+        ASSERT_EQ(static_cast<int64_t>(batches.size()), loader.num_batches());
+        if (!drop_last) {
+          std::sort(ids.begin(), ids.end());
+          for (int64_t i = 0; i < size; ++i) ASSERT_EQ(ids[static_cast<size_t>(i)], i);
+        } else {
+          ASSERT_EQ(std::set<int64_t>(ids.begin(), ids.end()).size(), ids.size());
+        }
+        if (!shuffle) {
+          EXPECT_TRUE(std::is_sorted(ids.begin(), ids.end()));
+        }
+      }
+    }
+  }
+}
+
+TEST(LoaderTest, RowsMatchTheirSamples) {
+  Loader loader(id_source(100), options(8, true, 2));
+  for (const Batch& batch : run_epoch(loader)) {
+    const auto* ids = reinterpret_cast<const int64_t*>(batch.stacked[0].data());
+    const auto* xs = reinterpret_cast<const float*>(batch.stacked[1].data());
+    EXPECT_EQ(batch.stacked[1].shape(), (Shape{batch.stacked[0].shape()[0], 4}));
+    for (int64_t r = 0; r < batch.stacked[0].shape()[0]; ++r) {
+      EXPECT_EQ(xs[r * 4 + 3], float(ids[r] * 10 + 3));
+      EXPECT_EQ(batch.indices[static_cast<size_t>(r)], ids[r]);
+    }
+  }
+}
+
+TEST(LoaderTest, OrderDoesNotDependOnThreadCount) {
+  std::vector<int64_t> reference;
+  for (const int threads : {1, 2, 8}) {
+    Loader loader(id_source(500), options(32, true, threads));
+    loader.set_epoch(3);
+    const auto ids = ids_of(run_epoch(loader));
+    if (reference.empty()) {
+      reference = ids;
+    } else {
+      EXPECT_EQ(ids, reference) << threads << " threads";
+    }
+  }
+}
+
+TEST(LoaderTest, EpochAndSeedChangeTheOrder) {
+  Loader loader(id_source(200), options(10, true, 2));
+  const auto epoch0 = ids_of(run_epoch(loader));
+  const auto epoch1 = ids_of(run_epoch(loader));  // iterate() advanced the epoch
+  EXPECT_NE(epoch0, epoch1);
+  loader.set_epoch(0);
+  EXPECT_EQ(ids_of(run_epoch(loader)), epoch0);
+  LoaderOptions other = options(10, true, 2);
+  other.seed = 99;
+  Loader reseeded(id_source(200), other);
+  EXPECT_NE(ids_of(run_epoch(reseeded)), epoch0);
+}
+
+TEST(LoaderTest, TensorsViewPoolSlotsAndSlotsAreReused) {
+  Loader loader(id_source(256), options(32, true, 2));
+  std::set<const std::byte*> slot_addresses;
+  for (int epoch = 0; epoch < 30; ++epoch) {
+    auto iterator = loader.iterate();
+    Batch batch;
+    while (iterator->next(batch, 10s) == EpochIterator::Status::kBatch) {
+      for (const Tensor& tensor : batch.stacked) {
+        const Storage& slot = *tensor.storage();
+        ASSERT_EQ(slot.kind(), StorageKind::kPoolSlot);
+        ASSERT_GE(tensor.data(), slot.data());
+        ASSERT_LE(tensor.data() + tensor.nbytes(), slot.data() + slot.size());
+        slot_addresses.insert(slot.data());
+      }
+    }
+  }
+  // 30 epochs x 8 batches used only the planned slots: no allocation per batch.
+  EXPECT_LE(slot_addresses.size(), loader.num_slots());
+  const LoaderStats stats = loader.stats();
+  EXPECT_EQ(stats.overflow_slots_total, 0u);
+  EXPECT_LE(stats.resident_bytes, loader.memory_bill());  // slots are created on first use
+  EXPECT_EQ(stats.batches_delivered, 240u);
+}
+
+TEST(LoaderTest, ConsumerHoldingEveryBatchOverflowsWithOneWarning) {
+  Loader loader(id_source(100), options(10, false, 2));
+  const auto batches = run_epoch(loader);  // all ten batches kept alive
+  ASSERT_EQ(batches.size(), 10u);
+  EXPECT_EQ(ids_of(batches).size(), 100u);
+  size_t warnings = 0;
+  for (const Batch& batch : batches) warnings += batch.warnings.size();
+  EXPECT_EQ(warnings, 1u);
+  EXPECT_GT(loader.stats().overflow_slots_total, 0u);
+}
+
+TEST(LoaderTest, MemoryBudgetCapsSlots) {
+  Loader unlimited(id_source(100), options(10, false, 1));
+  const size_t slot = unlimited.slot_bytes();
+  LoaderOptions capped = options(10, false, 1);
+  capped.prefetch = 4;
+  capped.memory_budget = slot * 3;
+  Loader loader(id_source(100), capped);
+  EXPECT_EQ(loader.num_slots(), 3u);
+  EXPECT_EQ(loader.effective_prefetch(), 1);
+  EXPECT_LE(loader.memory_bill(), *capped.memory_budget);
+  EXPECT_EQ(ids_of(run_epoch(loader)).size(), 100u);
+  capped.memory_budget = slot;
+  try {
+    Loader too_small(id_source(100), capped);
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("memory_budget"), std::string::npos);
+  }
+}
+
+// A directory of per-sample .npy files where the files at `bad` are truncated.
+std::shared_ptr<NpySource> directory_with_bad_files(const TempDir& dir, int count,
+                                                    const std::set<int>& bad) {
+  for (int i = 0; i < count; ++i) {
+    char name[32];
+    std::snprintf(name, sizeof(name), "s%04d.npy", i);
+    std::vector<int32_t> values(8, i);
+    if (bad.count(i)) {
+      write_npy(dir.file(name), DType::kI32, {8}, values.data(), 12);  // 12 of 32 bytes
+    } else {
+      write_npy(dir.file(name), DType::kI32, {8}, values);
+    }
+  }
+  return NpySource::from_directory("v", dir.path());
+}
+
+TEST(LoaderTest, WorkerErrorSurfacesOnceWithSampleContext) {
+  TempDir dir;
+  Loader loader(directory_with_bad_files(dir, 40, {17}), options(5, false, 2));
+  auto iterator = loader.iterate();
+  Batch batch;
+  int delivered = 0;
+  try {
+    while (iterator->next(batch, 10s) == EpochIterator::Status::kBatch) ++delivered;
+    FAIL() << "no error raised";
+  } catch (const SampleError& e) {
+    EXPECT_EQ(e.sample_index(), 17);
+    EXPECT_EQ(e.stage(), "read");
+    EXPECT_EQ(e.kind(), ErrorKind::kFormat);
+    EXPECT_NE(std::string(e.what()).find("s0017.npy"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("sample 17"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(delivered, 3);  // batches 0..2 precede the bad sample's batch
+  EXPECT_EQ(iterator->next(batch, 1s), EpochIterator::Status::kEnd);  // raised once
+}
+
+TEST(LoaderTest, SkipDropsBadSamplesAndCountsThem) {
+  TempDir dir;
+  LoaderOptions o = options(10, true, 2);
+  o.on_error = OnError::kSkip;
+  o.max_skip_fraction = 0.05;
+  Loader loader(directory_with_bad_files(dir, 100, {3, 50}), o);
+  auto iterator = loader.iterate();
+  Batch batch;
+  std::vector<int64_t> seen;
+  while (iterator->next(batch, 10s) == EpochIterator::Status::kBatch) {
+    const auto* values = reinterpret_cast<const int32_t*>(batch.stacked[0].data());
+    for (int64_t r = 0; r < batch.stacked[0].shape()[0]; ++r) {
+      // Compaction kept rows and indices aligned.
+      EXPECT_EQ(values[r * 8], batch.indices[static_cast<size_t>(r)]);
+      seen.push_back(values[r * 8]);
+    }
+  }
+  EXPECT_EQ(seen.size(), 98u);
+  EXPECT_EQ(std::count(seen.begin(), seen.end(), 3), 0);
+  EXPECT_EQ(iterator->skipped_count(), 2u);
+  ASSERT_EQ(iterator->skipped().size(), 2u);
+  EXPECT_EQ(loader.stats().samples_skipped, 2u);
+}
+
+TEST(LoaderTest, SkipRaisesPastMaxSkipFraction) {
+  TempDir dir;
+  LoaderOptions o = options(10, false, 2);
+  o.on_error = OnError::kSkip;
+  o.max_skip_fraction = 0.05;
+  Loader loader(directory_with_bad_files(dir, 100, {1, 2, 3, 4, 5, 6}), o);
+  auto iterator = loader.iterate();
+  Batch batch;
+  try {
+    while (iterator->next(batch, 10s) == EpochIterator::Status::kBatch) {
+    }
+    FAIL() << "no error past max_skip_fraction";
+  } catch (const SampleError& e) {
+    EXPECT_NE(std::string(e.what()).find("max_skip_fraction"), std::string::npos) << e.what();
+  }
+}
+
+TEST(LoaderTest, StackingDifferentShapesNamesTheFix) {
+  TempDir dir;
+  write_npy(dir.file("a.npy"), DType::kI32, {2}, std::vector<int32_t>{1, 2});
+  write_npy(dir.file("b.npy"), DType::kI32, {3}, std::vector<int32_t>{1, 2, 3});
+  Loader loader(NpySource::from_directory("v", dir.path()), options(2, false, 1));
+  try {
+    run_epoch(loader);
+    FAIL();
+  } catch (const SampleError& e) {
+    EXPECT_EQ(e.sample_index(), 1);
+    EXPECT_NE(std::string(e.what()).find("collate='list'"), std::string::npos) << e.what();
+  }
+}
+
+TEST(LoaderTest, ListCollateYieldsVariableLengthFiles) {
+  TempDir dir;
+  std::vector<std::string> paths;
+  for (int i = 0; i < 9; ++i) {
+    paths.push_back(dir.file("f" + std::to_string(i)));
+    std::ofstream(paths.back(), std::ios::binary)
+        << std::string(static_cast<size_t>(i * 100), char('a' + i));
+  }
+  LoaderOptions o = options(4, false, 2);
+  EXPECT_THROW(Loader(std::make_shared<FileSource>(paths), o), InvalidArgument);
+  o.collate = Collate::kList;
+  Loader loader(std::make_shared<FileSource>(paths), o);
+  const auto batches = run_epoch(loader);
+  ASSERT_EQ(batches.size(), 3u);
+  int i = 0;
+  for (const Batch& batch : batches) {
+    for (const Tensor& bytes : batch.listed[0]) {
+      ASSERT_EQ(bytes.shape(), (Shape{i * 100}));
+      if (i > 0) {
+        EXPECT_EQ(static_cast<char>(bytes.data()[i * 100 - 1]), char('a' + i));
+      }
+      ++i;
+    }
+  }
+  EXPECT_EQ(i, 9);
+}
+
+TEST(LoaderTest, NewIterationMidEpochStartsCleanly) {
+  Loader loader(id_source(300), options(10, true, 2));
+  auto first = loader.iterate();
+  Batch batch;
+  ASSERT_EQ(first->next(batch, 10s), EpochIterator::Status::kBatch);
+  ASSERT_EQ(first->next(batch, 10s), EpochIterator::Status::kBatch);
+  batch = Batch{};
+  loader.set_epoch(0);
+  const auto batches = run_epoch(loader);
+  const auto ids = ids_of(batches);
+  EXPECT_EQ(ids.size(), 300u);
+  EXPECT_EQ(std::set<int64_t>(ids.begin(), ids.end()).size(), 300u);
+  EXPECT_THROW(first->next(batch, 1s), Error);  // the old pass was cancelled
+}
+
+TEST(LoaderTest, CloseWhileWorkersWaitForTheConsumerIsPrompt) {
+  Loader loader(id_source(10000), options(10, false, 2));
+  auto iterator = loader.iterate();
+  Batch batch;
+  ASSERT_EQ(iterator->next(batch, 10s), EpochIterator::Status::kBatch);
+  std::this_thread::sleep_for(50ms);  // workers fill the window and block
+  const auto started = std::chrono::steady_clock::now();
+  EXPECT_TRUE(loader.close());
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 1s);
+}
+
+TEST(LoaderTest, CloseWhileAWorkerIsBlockedInAReadReturnsWithinASecond) {
+  TempDir dir;
+  const std::string fifo = dir.file("fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  LoaderOptions o = options(1, false, 1);
+  o.collate = Collate::kList;
+  {
+    Loader loader(std::make_shared<FileSource>(std::vector<std::string>{fifo}), o);
+    auto iterator = loader.iterate();
+    Batch batch;
+    EXPECT_EQ(iterator->next(batch, 100ms), EpochIterator::Status::kTimeout);
+    const auto started = std::chrono::steady_clock::now();
+    EXPECT_FALSE(loader.close());  // the blocked thread had to be detached
+    EXPECT_LT(std::chrono::steady_clock::now() - started, 1500ms);
+  }
+  // Unblock the detached thread so it can finish and free its state.
+  const int fd = ::open(fifo.c_str(), O_WRONLY);
+  ASSERT_GE(fd, 0);
+  ::close(fd);
+  std::this_thread::sleep_for(200ms);
+}
+
+TEST(LoaderTest, BacksOffUnderMemoryPressureAndRecovers) {
+  std::atomic<size_t> available{size_t{1} << 40};
+  LoaderOptions o = options(10, false, 2);
+  o.prefetch = 3;
+  o.pressure_threshold = size_t{1} << 30;
+  o.available_memory = [&] { return available.load(); };
+  Loader loader(id_source(2000), o);
+  EXPECT_EQ(loader.stats().window, 3);
+  available = size_t{1} << 20;  // 1 MiB left: pressure
+  auto iterator = loader.iterate();
+  Batch batch;
+  ASSERT_EQ(iterator->next(batch, 10s), EpochIterator::Status::kBatch);
+  ASSERT_EQ(batch.warnings.size(), 1u);  // said once
+  EXPECT_NE(batch.warnings[0].find("memory pressure"), std::string::npos) << batch.warnings[0];
+  LoaderStats stats = loader.stats();
+  EXPECT_TRUE(stats.under_pressure);
+  EXPECT_EQ(stats.window, 1);
+  EXPECT_LE(stats.batches_in_flight, 1u);
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_EQ(iterator->next(batch, 10s), EpochIterator::Status::kBatch);
+    EXPECT_TRUE(batch.warnings.empty());
+    EXPECT_LE(loader.stats().batches_in_flight, 1u);
+  }
+  available = size_t{1} << 40;         // memory came back
+  std::this_thread::sleep_for(150ms);  // past the check interval
+  for (int i = 0; i < 5; ++i) ASSERT_EQ(iterator->next(batch, 10s), EpochIterator::Status::kBatch);
+  stats = loader.stats();
+  EXPECT_FALSE(stats.under_pressure);
+  EXPECT_EQ(stats.window, 3);
+  EXPECT_EQ(stats.pressure_events, 1u);
+}
+
+}  // namespace
+}  // namespace leanloader

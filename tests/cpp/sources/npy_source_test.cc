@@ -1,0 +1,155 @@
+#include "leanloader/sources/npy_source.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <numeric>
+
+#include "leanloader/core/error.h"
+#include "leanloader/io/npy_format.h"
+#include "test_util.h"
+
+namespace leanloader {
+namespace {
+
+using testing::TempDir;
+using testing::write_npy;
+
+// Collects one sample into owned buffers.
+class CollectingWriter final : public SampleWriter {
+ public:
+  explicit CollectingWriter(const Source& source) : source_(source) {}
+  std::span<std::byte> field_buffer(size_t field, const Shape& shape) override {
+    if (buffers.size() <= field) {
+      buffers.resize(field + 1);
+      shapes.resize(field + 1);
+    }
+    shapes[field] = shape;
+    buffers[field].resize(shape_numel(shape) * dtype_size(source_.fields()[field].dtype));
+    return {buffers[field].data(), buffers[field].size()};
+  }
+  const Source& source_;
+  std::vector<std::vector<std::byte>> buffers;
+  std::vector<Shape> shapes;
+};
+
+std::span<const std::byte> as_bytes(const std::string& s) {
+  return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
+}
+
+TEST(NpyFormatTest, ParsesNumpyHeaders) {
+  const std::string dict =
+      "{'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }" + std::string(10, ' ') + "\n";
+  std::string header = std::string("\x93NUMPY\x01\x00", 8);
+  header += static_cast<char>(dict.size());
+  header += '\0';
+  header += dict;
+  const NpyHeader parsed = parse_npy_header(as_bytes(header), "x.npy");
+  EXPECT_EQ(parsed.dtype, DType::kF32);
+  EXPECT_EQ(parsed.shape, (Shape{3, 4}));
+  EXPECT_FALSE(parsed.fortran_order);
+  EXPECT_EQ(parsed.data_offset, header.size());
+}
+
+TEST(NpyFormatTest, RejectsMalformedHeadersNamingTheFile) {
+  const auto header_with = [](const std::string& dict) {
+    std::string h = std::string("\x93NUMPY\x01\x00", 8);
+    h += static_cast<char>(dict.size());
+    h += '\0';
+    return h + dict;
+  };
+  const std::vector<std::string> bad = {
+      "not numpy at all",
+      header_with("{'descr': '>f4', 'fortran_order': False, 'shape': (3,), }"),
+      header_with("{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (3,), }"),
+      header_with("{'descr': '<f4', 'shape': (3,), }"),
+      header_with("{'descr': '<f4', 'fortran_order': False, 'shape': (-3,), }"),
+      header_with("{'descr': '<f4', 'fortran_order': False, 'shape': (3,), 'x': 1}"),
+      header_with("{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,), }"),
+      std::string("\x93NUMPY\x01\x00\xff\xff", 10),
+  };
+  for (const std::string& bytes : bad) {
+    try {
+      parse_npy_header(as_bytes(bytes), "/data/bad.npy");
+      ADD_FAILURE() << "accepted: " << bytes;
+    } catch (const FormatError& e) {
+      EXPECT_NE(std::string(e.what()).find("/data/bad.npy"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(NpySourceTest, ReadsRowsOfMappedArrays) {
+  TempDir dir;
+  std::vector<float> x(5 * 3);
+  std::iota(x.begin(), x.end(), 0.0f);
+  std::vector<int64_t> y = {10, 11, 12, 13, 14};
+  write_npy(dir.file("x.npy"), DType::kF32, {5, 3}, x);
+  write_npy(dir.file("y.npy"), DType::kI64, {5}, y);
+  const auto source = NpySource::from_arrays({{"x", dir.file("x.npy")}, {"y", dir.file("y.npy")}});
+  ASSERT_EQ(source->size(), 5);
+  ASSERT_EQ(source->fields().size(), 2u);
+  EXPECT_EQ(*source->fields()[0].shape, (Shape{3}));
+  EXPECT_EQ(*source->fields()[1].shape, (Shape{}));
+  CollectingWriter writer(*source);
+  source->read_sample(2, writer);
+  const auto* row = reinterpret_cast<const float*>(writer.buffers[0].data());
+  EXPECT_EQ(row[0], 6.0f);
+  EXPECT_EQ(row[2], 8.0f);
+  EXPECT_EQ(*reinterpret_cast<const int64_t*>(writer.buffers[1].data()), 12);
+  EXPECT_NE(source->sample_location(2).find("row 2"), std::string::npos);
+}
+
+TEST(NpySourceTest, ReadsFortranOrderedArrays) {
+  TempDir dir;
+  // 2x3 matrix [[0,1,2],[3,4,5]] in column-major order.
+  const std::vector<float> column_major = {0, 3, 1, 4, 2, 5};
+  testing::write_npy(dir.file("f.npy"), DType::kF32, {2, 3}, column_major.data(), 24, true);
+  const auto source = NpySource::from_arrays({{"f", dir.file("f.npy")}});
+  CollectingWriter writer(*source);
+  source->read_sample(1, writer);
+  const auto* row = reinterpret_cast<const float*>(writer.buffers[0].data());
+  EXPECT_EQ(row[0], 3.0f);
+  EXPECT_EQ(row[1], 4.0f);
+  EXPECT_EQ(row[2], 5.0f);
+}
+
+TEST(NpySourceTest, TruncatedArrayFileIsAFormatError) {
+  TempDir dir;
+  std::vector<float> x(10);
+  write_npy(dir.file("x.npy"), DType::kF32, {100}, x);  // header claims 100 floats
+  try {
+    NpySource::from_arrays({{"x", dir.file("x.npy")}});
+    FAIL() << "accepted a truncated file";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("truncated"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("x.npy"), std::string::npos) << e.what();
+  }
+}
+
+TEST(NpySourceTest, MissingFileIsNotFound) {
+  try {
+    NpySource::from_arrays({{"x", "/nonexistent/x.npy"}});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kNotFound);
+  }
+}
+
+TEST(NpySourceTest, DirectoryOfPerSampleFiles) {
+  TempDir dir;
+  for (int i = 0; i < 3; ++i) {
+    std::vector<int32_t> values(4, i);
+    write_npy(dir.file("s" + std::to_string(i) + ".npy"), DType::kI32, {2, 2}, values);
+  }
+  const auto source = NpySource::from_directory("latent", dir.path());
+  ASSERT_EQ(source->size(), 3);
+  EXPECT_EQ(source->fields()[0].name, "latent");
+  CollectingWriter writer(*source);
+  source->read_sample(2, writer);
+  EXPECT_EQ(writer.shapes[0], (Shape{2, 2}));
+  EXPECT_EQ(reinterpret_cast<const int32_t*>(writer.buffers[0].data())[3], 2);
+  EXPECT_EQ(source->sample_location(1), dir.file("s1.npy"));
+}
+
+}  // namespace
+}  // namespace leanloader

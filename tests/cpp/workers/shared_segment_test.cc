@@ -1,0 +1,174 @@
+// SharedSegment and SlotPool: real tmpfs files, real mappings, real forks.
+#include "leanloader/workers/shared_segment.h"
+
+#include <gtest/gtest.h>
+#include <sys/mount.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <string>
+
+#include "leanloader/core/error.h"
+#include "leanloader/workers/slot_pool.h"
+#include "test_util.h"
+
+namespace leanloader {
+namespace {
+
+size_t entries_in(const std::string& dir) {
+  size_t n = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    (void)entry;
+    ++n;
+  }
+  return n;
+}
+
+TEST(SharedSegmentTest, CreateLeavesNoNameBehind) {
+  testing::TempDir dir;
+  auto segment = SharedSegment::create(1 << 20, dir.path());
+  EXPECT_EQ(segment->size(), size_t{1} << 20);
+  EXPECT_EQ(entries_in(dir.path()), 0u);
+  std::memset(segment->data(), 7, segment->size());  // every page is reserved: no SIGBUS
+  EXPECT_EQ(static_cast<int>(segment->data()[12345]), 7);
+}
+
+TEST(SharedSegmentTest, DefaultDirectoryFollowsEnvironment) {
+  testing::TempDir dir;
+  ::setenv("LEANLOADER_SHM_DIR", dir.path().c_str(), 1);
+  EXPECT_EQ(default_shm_dir(), dir.path());
+  auto segment = SharedSegment::create(4096);
+  EXPECT_EQ(segment->path().rfind(dir.path(), 0), 0u);
+  ::unsetenv("LEANLOADER_SHM_DIR");
+  EXPECT_EQ(default_shm_dir(), "/dev/shm");
+}
+
+TEST(SharedSegmentTest, AttachSeesWritesOfAnotherProcess) {
+  auto segment = SharedSegment::create(8192);
+  const std::string path = segment->attach_path();
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    try {
+      auto attached = SharedSegment::attach(path);
+      const char message[] = "written by the child";
+      attached->write(100, message, sizeof(message));
+      ::_exit(attached->size() == 8192 ? 0 : 2);
+    } catch (...) {
+      ::_exit(3);
+    }
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  ASSERT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_STREQ(reinterpret_cast<const char*>(segment->data() + 100), "written by the child");
+}
+
+TEST(SharedSegmentTest, WriteOutOfRangeAndReadOnlyAreRejected) {
+  auto segment = SharedSegment::create(4096);
+  const char byte = 1;
+  EXPECT_THROW(segment->write(4096, &byte, 1), InvalidArgument);
+  EXPECT_THROW(segment->write(4000, &byte, 200), InvalidArgument);
+  auto read_only = SharedSegment::attach(segment->attach_path(), false);
+  EXPECT_FALSE(read_only->writable());
+  EXPECT_THROW(read_only->write(0, &byte, 1), InvalidArgument);
+}
+
+TEST(SharedSegmentTest, CopyOnWriteAttachKeepsWritesPrivate) {
+  auto segment = SharedSegment::create(8192);
+  std::memset(segment->data(), 1, segment->size());
+  auto private_view = SharedSegment::attach(segment->attach_path(), true, true);
+  EXPECT_TRUE(private_view->copy_on_write());
+  EXPECT_EQ(static_cast<int>(private_view->data()[5000]), 1);  // reads the shared pages
+  const char two = 2;
+  private_view->write(5000, &two, 1);
+  EXPECT_EQ(static_cast<int>(private_view->data()[5000]), 2);
+  EXPECT_EQ(static_cast<int>(segment->data()[5000]), 1);  // the owner never sees it
+}
+
+TEST(SharedSegmentTest, AttachMissingPathIsNotFound) {
+  try {
+    SharedSegment::attach("/proc/self/fd/987654");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kNotFound);
+  }
+}
+
+TEST(SharedSegmentTest, FindLocatesLiveSegmentsOnly) {
+  auto segment = SharedSegment::create(4096);
+  EXPECT_EQ(SharedSegment::find(segment->data() + 10), segment);
+  EXPECT_EQ(SharedSegment::find(segment->data() + 4096), nullptr);
+  const std::byte* address = segment->data();
+  segment.reset();
+  EXPECT_EQ(SharedSegment::find(address), nullptr);
+  int local = 0;
+  EXPECT_EQ(SharedSegment::find(&local), nullptr);
+}
+
+TEST(SharedSegmentTest, FullDirectoryIsAClearErrorNotSigbus) {
+  testing::TempDir dir;
+  if (::mount("tmpfs", dir.path().c_str(), "tmpfs", 0, "size=1m") != 0) {
+    GTEST_SKIP() << "cannot mount a tmpfs here (" << std::strerror(errno)
+                 << "); needs root or CAP_SYS_ADMIN";
+  }
+  try {
+    SharedSegment::create(8 << 20, dir.path());
+    ADD_FAILURE() << "expected ENOSPC";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kIo);
+    EXPECT_EQ(e.error_number(), ENOSPC);
+    const std::string message = e.what();
+    EXPECT_NE(message.find(dir.path()), std::string::npos) << message;
+    EXPECT_NE(message.find("8388608 bytes"), std::string::npos) << message;
+    EXPECT_NE(message.find("free of"), std::string::npos) << message;
+  }
+  EXPECT_EQ(entries_in(dir.path()), 0u);  // the failed reservation left nothing
+  ::umount(dir.path().c_str());
+}
+
+TEST(SlotPoolTest, SlotsCycleThroughHoldAndRelease) {
+  auto pool = SlotPool::create(1000, 3);
+  EXPECT_EQ(pool->slot_bytes(), 4096u);  // page-aligned slots
+  EXPECT_EQ(pool->segment()->size(), 3u * 4096u);
+  auto a = pool->acquire();
+  auto b = pool->acquire();
+  auto c = pool->acquire();
+  ASSERT_TRUE(a && b && c);
+  EXPECT_FALSE(pool->acquire().has_value());
+  EXPECT_EQ(pool->slots_in_use(), 3u);
+  pool->release(*b);
+  EXPECT_EQ(pool->slots_in_use(), 2u);
+  {
+    auto held = pool->hold(*a);
+    EXPECT_EQ(held->data(), pool->segment()->data() + pool->slot_offset(*a));
+    EXPECT_EQ(held->size(), 4096u);
+    EXPECT_EQ(held->kind(), StorageKind::kPoolSlot);
+    EXPECT_EQ(pool->slots_in_use(), 2u);
+  }
+  EXPECT_EQ(pool->slots_in_use(), 1u);               // the held slot came back with its last view
+  EXPECT_THROW(pool->release(*a), InvalidArgument);  // already free
+  EXPECT_THROW(pool->hold(7), InvalidArgument);
+}
+
+TEST(SlotPoolTest, HeldSlotKeepsPoolAlive) {
+  std::shared_ptr<Storage> held;
+  {
+    auto pool = SlotPool::create(4096, 2);
+    held = pool->hold(*pool->acquire());
+  }
+  std::memset(held->data(), 1, held->size());  // still mapped
+  SUCCEED();
+}
+
+TEST(SlotPoolTest, ZeroSizesAreRejected) {
+  EXPECT_THROW(SlotPool::create(0, 2), InvalidArgument);
+  EXPECT_THROW(SlotPool::create(10, 0), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace leanloader
