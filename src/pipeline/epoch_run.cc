@@ -187,10 +187,8 @@ EpochRun::BatchState& EpochRun::open_batch(int64_t batch, std::shared_ptr<Storag
   try {
     slot = plan_.pool->acquire(kSlotPatience);
   } catch (...) {
-    failure = make_sample_error(static_cast<int64_t>(plan_.sampler.index_at(
-                                    plan_.epoch, static_cast<uint64_t>(state.first_position))),
-                                plan_.source->describe(), "", "allocate batch slot",
-                                std::current_exception());
+    failure = make_sample_error(index_at(state.first_position), plan_.source->describe(), "",
+                                "allocate batch slot", std::current_exception());
   }
   lock.lock();
   if (failure) {
@@ -216,9 +214,7 @@ void EpochRun::process_sample(int64_t position) {
   std::shared_ptr<Storage> slot;
   BatchState& state = open_batch(batch, slot);
   const int64_t row = position - state.first_position;
-  const auto index =
-      static_cast<int64_t>(plan_.options.shuffle ? permutation_(static_cast<uint64_t>(position))
-                                                 : static_cast<uint64_t>(position));
+  const int64_t index = index_at(position);
   state.indices[static_cast<size_t>(row)] = index;
 
   if (slot == nullptr) {
@@ -241,6 +237,11 @@ void EpochRun::process_sample(int64_t position) {
   ++plan_.counters->samples_read;
 
   if (state.remaining.fetch_sub(1) == 1) finalize(state);
+}
+
+int64_t EpochRun::index_at(int64_t position) const noexcept {
+  const uint64_t global = plan_.shard.order_position(static_cast<uint64_t>(position));
+  return static_cast<int64_t>(plan_.options.shuffle ? permutation_(global) : global);
 }
 
 void EpochRun::record_failure(BatchState& state, int64_t row, SampleError error) {

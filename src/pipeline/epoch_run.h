@@ -48,7 +48,8 @@ struct RunPlan {
   Sampler sampler;
   uint64_t epoch = 0;
   int64_t num_batches = 0;
-  int64_t num_positions = 0;  // samples visited this epoch (drop_last trims)
+  int64_t num_positions = 0;  // samples this rank visits in the run (drop_last trims)
+  RankShard shard;            // local position -> position in the epoch's global order
   int prefetch = 1;
   std::vector<size_t> field_offsets;
   std::vector<size_t> row_bytes;
@@ -93,6 +94,8 @@ class EpochRun final : public Job {
   void check_pressure();
   BatchState& open_batch(int64_t batch, std::shared_ptr<Storage>& slot_out);
   void process_sample(int64_t position);
+  // The sample index this rank visits at its local `position`.
+  int64_t index_at(int64_t position) const noexcept;
   void record_failure(BatchState& state, int64_t row, SampleError error);
   void finalize(BatchState& state);
   void build_stacked(BatchState& state, const std::shared_ptr<Storage>& slot, Batch& result);

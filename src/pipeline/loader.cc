@@ -1,6 +1,11 @@
 #include "leanloader/pipeline/loader.h"
 
+#include <cstdio>
+#include <span>
+
+#include "leanloader/core/dtype.h"
 #include "leanloader/core/error.h"
+#include "leanloader/io/content_hash.h"
 #include "leanloader/memory/memory_monitor.h"
 #include "pipeline/epoch_run.h"
 
@@ -21,6 +26,19 @@ constexpr double kDefaultPressureFraction = 0.10;
 
 }  // namespace
 
+std::string source_fingerprint(const Source& source) {
+  std::string text = std::to_string(source.size());
+  for (const FieldSpec& field : source.fields()) {
+    text += '|' + field.name + ':' + std::string(dtype_name(field.dtype)) + ':' +
+            (field.shape ? shape_to_string(*field.shape) : std::string("varies"));
+  }
+  text += '|' + source.describe();
+  const uint64_t hash = xxh64(std::as_bytes(std::span<const char>(text.data(), text.size())));
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash));
+  return std::string("xxh64:") + hex;
+}
+
 size_t auto_memory_budget() {
   return static_cast<size_t>(kAutoBudgetFraction * static_cast<double>(available_memory_bytes()));
 }
@@ -35,6 +53,18 @@ Loader::Loader(std::shared_ptr<const Source> source, LoaderOptions options)
     throw InvalidArgument("batch_size must be at least 1, got " +
                           std::to_string(options_.batch_size));
   }
+  if (options_.world_size < 1) {
+    throw InvalidArgument("world_size must be at least 1, got " +
+                          std::to_string(options_.world_size));
+  }
+  if (options_.rank >= options_.world_size) {
+    throw InvalidArgument("rank " + std::to_string(options_.rank) + " is outside world_size " +
+                          std::to_string(options_.world_size) + " (ranks are 0 .. world_size - 1)");
+  }
+  // Validates the sharding arithmetic once (overflow of padded positions).
+  (void)RankShard(static_cast<uint64_t>(source_->size()),
+                  static_cast<uint64_t>(options_.batch_size), options_.drop_last, options_.rank,
+                  options_.world_size);
   if (options_.prefetch < 1) {
     throw InvalidArgument("prefetch must be at least 1, got " + std::to_string(options_.prefetch));
   }
@@ -95,26 +125,103 @@ Loader::Loader(std::shared_ptr<const Source> source, LoaderOptions options)
   }
   pressure_ = std::make_shared<detail::PressurePolicy>(std::move(available), threshold, prefetch_);
   executor_ = std::make_unique<Executor>(options_.num_threads);
+  fingerprint_ = source_fingerprint(*source_);
 }
 
 Loader::~Loader() { close(); }
 
 int64_t Loader::num_batches() const noexcept {
-  const int64_t size = source_->size();
-  return options_.drop_last ? size / options_.batch_size
-                            : (size + options_.batch_size - 1) / options_.batch_size;
+  return static_cast<int64_t>(shard_from(0).num_batches());
+}
+
+RankShard Loader::shard_from(uint64_t start) const {
+  return RankShard(static_cast<uint64_t>(source_->size()),
+                   static_cast<uint64_t>(options_.batch_size), options_.drop_last, options_.rank,
+                   options_.world_size, start);
 }
 
 std::unique_ptr<EpochIterator> Loader::iterate() {
   if (closed_) throw Error("the Loader is closed");
-  detail::RunPlan plan{source_, pool_,         counters_, pressure_, options_,       sampler_,
-                       epoch_,  num_batches(), 0,         prefetch_, field_offsets_, row_bytes_};
-  plan.num_positions = std::min(source_->size(), plan.num_batches * options_.batch_size);
+  uint64_t start = 0;
+  if (resume_ && resume_->epoch == epoch_) start = resume_->position;
+  resume_.reset();
+  const RankShard shard = shard_from(start);
+  detail::RunPlan plan{source_,
+                       pool_,
+                       counters_,
+                       pressure_,
+                       options_,
+                       sampler_,
+                       epoch_,
+                       static_cast<int64_t>(shard.num_batches()),
+                       static_cast<int64_t>(shard.num_positions()),
+                       shard,
+                       prefetch_,
+                       field_offsets_,
+                       row_bytes_};
   auto run = std::make_shared<detail::EpochRun>(std::move(plan));
   current_run_ = run;
+  last_run_ = RunTrack{epoch_, shard, counters_->batches_delivered.load()};
   executor_->run(run);
   ++epoch_;
   return std::make_unique<EpochIterator>(std::move(run));
+}
+
+LoaderState Loader::state() const {
+  LoaderState out;
+  out.seed = options_.seed;
+  out.shuffle = options_.shuffle;
+  out.batch_size = options_.batch_size;
+  out.drop_last = options_.drop_last;
+  out.world_size = options_.world_size;
+  out.size = static_cast<uint64_t>(source_->size());
+  out.fingerprint = fingerprint_;
+  out.epoch = epoch_;
+  if (resume_) {
+    out.epoch = resume_->epoch;
+    out.position = resume_->position;
+  } else if (last_run_ && last_run_->epoch + 1 == epoch_) {
+    // The pass started last is still this epoch's (set_epoch() was not
+    // called since): count the batches it delivered.
+    const uint64_t delivered = counters_->batches_delivered.load() - last_run_->delivered_before;
+    if (delivered < last_run_->shard.num_batches()) {
+      out.epoch = last_run_->epoch;
+      out.position = last_run_->shard.global_position_after(delivered);
+    }
+  }
+  return out;
+}
+
+void Loader::load_state(const LoaderState& state) {
+  const auto size = static_cast<uint64_t>(source_->size());
+  if (state.version != LoaderState::kVersion) {
+    throw InvalidArgument("loader state has version " + std::to_string(state.version) +
+                          "; this leanloader reads version " +
+                          std::to_string(LoaderState::kVersion));
+  }
+  if (state.fingerprint != fingerprint_ || state.size != size) {
+    throw InvalidArgument("loader state was saved for another source (fingerprint " +
+                          state.fingerprint + ", " + std::to_string(state.size) +
+                          " samples); this loader reads " + source_->describe() + " (fingerprint " +
+                          fingerprint_ + ", " + std::to_string(size) + " samples)");
+  }
+  if (state.shuffle != options_.shuffle || state.seed != options_.seed) {
+    throw InvalidArgument(
+        "loader state was saved with shuffle=" + std::string(state.shuffle ? "True" : "False") +
+        ", seed=" + std::to_string(state.seed) + "; this loader has shuffle=" +
+        (options_.shuffle ? "True" : "False") + ", seed=" + std::to_string(options_.seed) +
+        ": its order would differ, so the position would not mean the same samples");
+  }
+  if (state.position > size) {
+    throw InvalidArgument("loader state position " + std::to_string(state.position) +
+                          " is past the " + std::to_string(size) + " samples of " +
+                          source_->describe());
+  }
+  // A run in progress is cancelled: the next iterate() starts at the state.
+  if (auto run = current_run_.lock()) run->cancel();
+  last_run_.reset();
+  epoch_ = state.epoch;
+  resume_ = Resume{state.epoch, state.position};
 }
 
 LoaderStats Loader::stats() const {

@@ -25,8 +25,10 @@
 #include "leanloader/pipeline/epoch_iterator.h"
 #include "leanloader/pipeline/executor.h"
 #include "leanloader/pipeline/loader_options.h"
+#include "leanloader/pipeline/loader_state.h"
 #include "leanloader/pipeline/loader_stats.h"
 #include "leanloader/pipeline/sampler.h"
+#include "leanloader/pipeline/shard.h"
 #include "leanloader/sources/source.h"
 
 namespace leanloader {
@@ -53,7 +55,22 @@ class Loader {
   // The epoch the next iterate() uses; iterate() then advances it by one.
   void set_epoch(uint64_t epoch) noexcept { epoch_ = epoch; }
   uint64_t epoch() const noexcept { return epoch_; }
+  // Batches this rank delivers in a whole epoch (from its start).
   int64_t num_batches() const noexcept;
+
+  // Where this loader stands: the epoch of the pass in progress and the
+  // global samples consumed in it (every rank is assumed to have taken as
+  // many batches as this one, as in lockstep data-parallel training); once a
+  // pass ended (or before any), the next epoch at position 0. After
+  // load_state() and before the next iterate(), the loaded position.
+  LoaderState state() const;
+  // Resumes at `state`: sets the epoch, and the next iterate() of that epoch
+  // starts at the state's global position, cut into this loader's batches
+  // and shared among this loader's world size (which may differ from the
+  // saver's). Throws InvalidArgument when the state belongs to another
+  // source (fingerprint or size), another order (seed, shuffle), or is
+  // malformed. O(1).
+  void load_state(const LoaderState& state);
 
   // Planned bytes: slots x slot_bytes (+ per-thread scratch, none yet).
   size_t memory_bill() const noexcept { return num_slots_ * slot_bytes_; }
@@ -72,6 +89,8 @@ class Loader {
   bool close();
 
  private:
+  RankShard shard_from(uint64_t start) const;
+
   std::shared_ptr<const Source> source_;
   LoaderOptions options_;
   Sampler sampler_;
@@ -87,6 +106,21 @@ class Loader {
   std::weak_ptr<detail::EpochRun> current_run_;
   uint64_t epoch_ = 0;
   bool closed_ = false;
+  std::string fingerprint_;
+  // A loaded position, applied by the next iterate() if it runs this epoch.
+  struct Resume {
+    uint64_t epoch = 0;
+    uint64_t position = 0;
+  };
+  std::optional<Resume> resume_;
+  // The pass started last: its epoch, its shard, and the delivered-batches
+  // counter when it started (the counter minus this = batches it delivered).
+  struct RunTrack {
+    uint64_t epoch = 0;
+    RankShard shard;
+    uint64_t delivered_before = 0;
+  };
+  std::optional<RunTrack> last_run_;
 };
 
 }  // namespace leanloader

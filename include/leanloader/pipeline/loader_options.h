@@ -26,6 +26,10 @@ struct LoaderOptions {
   int prefetch = 2;                     // batches prepared ahead of the consumer
   std::optional<size_t> memory_budget;  // caps slots x slot_bytes
   bool drop_last = false;
+  // Distributed sharding (see pipeline/shard.h): this process is rank `rank`
+  // of `world_size` and visits global batches rank, rank + world_size, ...
+  uint64_t rank = 0;
+  uint64_t world_size = 1;
   OnError on_error = OnError::kRaise;
   double max_skip_fraction = 0.05;  // of the epoch's samples, with kSkip
   Collate collate = Collate::kStack;
