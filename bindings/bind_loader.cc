@@ -90,13 +90,30 @@ void bind_loader(nb::module_& m) {
       .def_prop_ro("skipped_count", &EpochIterator::skipped_count)
       .def("cancel", &EpochIterator::cancel);
 
+  nb::class_<LoaderState>(m, "LoaderState", "Where a Loader stands: epoch and global position.")
+      .def(nb::init<>())
+      .def_ro_static("VERSION", &LoaderState::kVersion)
+      .def_rw("version", &LoaderState::version)
+      .def_rw("epoch", &LoaderState::epoch)
+      .def_rw("position", &LoaderState::position)
+      .def_rw("seed", &LoaderState::seed)
+      .def_rw("shuffle", &LoaderState::shuffle)
+      .def_rw("batch_size", &LoaderState::batch_size)
+      .def_rw("drop_last", &LoaderState::drop_last)
+      .def_rw("world_size", &LoaderState::world_size)
+      .def_rw("size", &LoaderState::size)
+      .def_rw("fingerprint", &LoaderState::fingerprint);
+  m.def("source_fingerprint", &source_fingerprint, nb::arg("source"),
+        "Cheap identity of a source: size, field specs and describe(), hashed.");
+
   nb::class_<Loader>(m, "Loader")
       .def(
           "__init__",
           [](Loader* self, std::shared_ptr<Source> source, int64_t batch_size, bool shuffle,
              uint64_t seed, int num_threads, int prefetch, std::optional<size_t> memory_budget,
              bool drop_last, const std::string& on_error, double max_skip_fraction,
-             const std::string& collate, std::optional<size_t> pressure_threshold) {
+             const std::string& collate, std::optional<size_t> pressure_threshold, uint64_t rank,
+             uint64_t world_size) {
             LoaderOptions options;
             options.batch_size = batch_size;
             options.shuffle = shuffle;
@@ -109,12 +126,15 @@ void bind_loader(nb::module_& m) {
             options.max_skip_fraction = max_skip_fraction;
             options.collate = parse_collate(collate);
             options.pressure_threshold = pressure_threshold;
+            options.rank = rank;
+            options.world_size = world_size;
             new (self) Loader(std::move(source), options);
           },
           nb::arg("source"), nb::arg("batch_size"), nb::arg("shuffle"), nb::arg("seed"),
           nb::arg("num_threads"), nb::arg("prefetch"), nb::arg("memory_budget").none(),
           nb::arg("drop_last"), nb::arg("on_error"), nb::arg("max_skip_fraction"),
-          nb::arg("collate"), nb::arg("pressure_threshold").none() = nb::none())
+          nb::arg("collate"), nb::arg("pressure_threshold").none() = nb::none(),
+          nb::arg("rank") = 0, nb::arg("world_size") = 1)
       .def("__len__", &Loader::num_batches)
       .def("set_epoch", &Loader::set_epoch, nb::arg("epoch"))
       .def_prop_ro("epoch", &Loader::epoch)
@@ -122,6 +142,11 @@ void bind_loader(nb::module_& m) {
       .def_prop_ro("slot_bytes", &Loader::slot_bytes)
       .def_prop_ro("num_slots", &Loader::num_slots)
       .def_prop_ro("prefetch", &Loader::effective_prefetch)
+      .def_prop_ro("rank", [](const Loader& self) { return self.options().rank; })
+      .def_prop_ro("world_size", [](const Loader& self) { return self.options().world_size; })
+      .def("state", &Loader::state)
+      .def("load_state", &Loader::load_state, nb::arg("state"),
+           nb::call_guard<nb::gil_scoped_release>())
       .def("iterate", &Loader::iterate, nb::call_guard<nb::gil_scoped_release>())
       .def("close", &Loader::close, nb::call_guard<nb::gil_scoped_release>())
       .def("stats", [](const Loader& self) {

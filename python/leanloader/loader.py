@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from leanloader import _core
+from leanloader.distributed import resolve_rank, state_from_dict, state_to_dict
 from leanloader.sources import as_source
 
 
@@ -63,6 +64,19 @@ class Loader:
     below it (default: a tenth of the memory this process can use), the loader
     keeps one batch in flight, gives idle slots back, says so once, and returns
     to ``prefetch`` when memory recovers.
+
+    ``rank``/``world_size``: this process's share of each epoch. When not
+    given, they come from an initialised ``torch.distributed`` process group,
+    else from ``RANK``/``WORLD_SIZE``, else a single process. Rank *r* takes
+    global batches *r*, *r + W*, ... of the epoch's global order, so global
+    batch *k* is the same samples whatever the world size, and ranks never
+    communicate. ``drop_last=False`` pads the last round with whole batches
+    that wrap to the epoch's start (as ``DistributedSampler``); ``True`` trims
+    to whole global batches, a multiple of the world size of them. See
+    docs/distributed.md.
+
+    ``state_dict()``/``load_state_dict()``: save and resume the position
+    (epoch, global samples consumed) in O(1) time and space.
     """
 
     def __init__(
@@ -80,6 +94,8 @@ class Loader:
         max_skip_fraction: float = 0.05,
         collate: str = "stack",
         pressure_threshold: int | str | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
     ) -> None:
         self.source = as_source(source)
         self.output = output or _default_output()
@@ -88,6 +104,7 @@ class Loader:
         if self.output == "torch":
             import torch  # noqa: F401  (fail here, clearly, when torch is missing)
         self.batch_size = batch_size
+        self.rank, self.world_size = resolve_rank(rank, world_size)
         self._core = _core.Loader(
             self.source,
             batch_size=batch_size,
@@ -101,6 +118,8 @@ class Loader:
             max_skip_fraction=max_skip_fraction,
             collate=collate,
             pressure_threshold=_budget_bytes(pressure_threshold),
+            rank=self.rank,
+            world_size=self.world_size,
         )
         self.last_indices: list[int] = []
 
@@ -114,6 +133,26 @@ class Loader:
     def epoch(self) -> int:
         """The epoch the next iteration will run."""
         return self._core.epoch
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader stands, as a small dict of numbers and a fingerprint.
+
+        ``epoch`` and ``samples_consumed`` (of that epoch's global order, by all
+        ranks together: this rank's delivered batches × ``world_size`` ×
+        ``batch_size``, as in lockstep training) locate the next undelivered
+        batch; ``seed``, ``shuffle``, ``num_samples`` and ``source_fingerprint``
+        make sure the position means the same samples when loaded. The size
+        does not depend on the dataset's size.
+        """
+        return state_to_dict(self._core.state())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at ``state``: the next iteration continues that epoch from its
+        saved global position, with the same batches an uninterrupted run would
+        have given. The world size (and batch size) may differ from the saver's:
+        the same global order continues from the same global position. A state
+        from another source or order raises ``ValueError``. O(1)."""
+        self._core.load_state(state_from_dict(state))
 
     def memory_bill(self) -> int:
         """Planned bytes of batch memory (slots × slot bytes), known before any batch."""
