@@ -9,6 +9,7 @@ import pickle
 import warnings
 from typing import Any
 
+from leanloader.dataloader import state as loader_state
 from leanloader.dataloader.process_iter import ProcessIterator
 from leanloader.dataloader.sharing import DatasetSharing
 from leanloader.dataloader.thread_iter import ThreadIterator
@@ -140,11 +141,12 @@ class DataLoader:
         self._setup_bytes: bytes | None = None
         self._iterator: ProcessIterator | None = None
         self._warned_pin = False
+        self._progress = loader_state.PassProgress()
 
     # torch's attributes that code reads off a DataLoader.
     @property
     def _index_sampler(self) -> Any:
-        return self._spec._index_sampler
+        return self._progress.index_sampler(self, self._spec._index_sampler)
 
     @property
     def _dataset_kind(self) -> int:
@@ -157,9 +159,24 @@ class DataLoader:
     def __len__(self) -> int:
         return len(self._spec)
 
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader stands (see ``dataloader/state.py``): the RNG state its
+        sampler drew the current pass from, batches yielded, the sampler's and the
+        dataset's own state when they have one."""
+        return loader_state.state_dict(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume: the next pass gives the batches an uninterrupted run would
+        have given after the saved point."""
+        loader_state.load_state_dict(self, state)
+
     def __iter__(self) -> Any:
+        self._progress.begin(self)
+        return self._progress.counted(self, self._batches())
+
+    def _batches(self) -> Any:
         if self.num_workers == 0:
-            return self._pinned(iter(self._spec))
+            return self._pinned(self._progress.single_process(self, iter(self._spec)))
         if self.worker_mode == "thread":
             return self._pinned(ThreadIterator(self))
         if self.persistent_workers and self._iterator is not None and self._iterator.alive:

@@ -1,0 +1,241 @@
+"""ll.DataLoader.state_dict()/load_state_dict(), in the spirit of torchdata's
+StatefulDataLoader.
+
+What a pass's batch order depends on, and what is saved for it:
+
+- the sampler's random draws: the RNG state (the loader's ``generator``, or
+  torch's global RNG when there is none) at the moment the sampler starts
+  drawing, recorded each pass by wrapping the index sampler's iterator;
+- the sampler's own state: ``sampler.state_dict()`` when it has one, and the
+  ``epoch`` of a ``DistributedSampler``-like sampler (``set_epoch``);
+- the batches already yielded in the pass;
+- the dataset's state, ``dataset.state_dict()``, when it implements it.
+
+Resuming restores the RNG state right before the sampler draws (torch's
+global RNG is put back afterwards, so the caller's own restored RNG is left
+alone), then skips the batches already yielded: a map-style dataset skips
+their *indices* (nothing is read); an iterable dataset without a
+``load_state_dict`` reads and discards them.
+
+Worker processes receive the dataset (and its loaded state) when they start;
+state a dataset changes inside a worker process stays there and is not
+collected (with ``num_workers=0`` or ``worker_mode="thread"`` the dataset is
+this process's own and its state is exact).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from leanloader.dataloader.front import DataLoader
+
+STATE_VERSION = 1
+_END = object()
+
+
+def _rng_state(generator: Any) -> Any:
+    import torch
+
+    return generator.get_state() if generator is not None else torch.get_rng_state()
+
+
+def _set_rng_state(generator: Any, state: Any) -> None:
+    import torch
+
+    if generator is not None:
+        generator.set_state(state)
+    else:
+        torch.set_rng_state(state)
+
+
+class _RecordedSampler:
+    """The index sampler as seen by one pass: records the RNG state when the
+    sampler starts drawing and, for a resumed pass, restores it and skips."""
+
+    def __init__(self, progress: PassProgress, sampler: Iterable) -> None:
+        self._progress = progress
+        self._sampler = sampler
+
+    def __iter__(self) -> Iterator:
+        return self._progress.recorded(lambda: iter(self._sampler))
+
+    def __len__(self) -> int:
+        return len(self._sampler)  # type: ignore[arg-type]
+
+
+class PassProgress:
+    """Bookkeeping of one ll.DataLoader: the pass in progress and a pending resume."""
+
+    def __init__(self) -> None:
+        self.rng_at_start: Any = None  # RNG state when the current pass's sampler began
+        self.yielded = 0  # batches yielded in the current pass
+        self.active = False  # a pass started and has not ended
+        self._resume: dict[str, Any] | None = None  # applied when the sampler starts
+        self._discard = 0  # batches an iterable dataset reads and drops on resume
+        self._generator: Any = None
+
+    # -- hooks used by front.py -------------------------------------------------------------
+
+    def index_sampler(self, loader: DataLoader, sampler: Iterable) -> _RecordedSampler:
+        self._generator = loader.generator
+        return _RecordedSampler(self, sampler)
+
+    def begin(self, loader: DataLoader) -> None:
+        """A pass starts (before its iterator is built)."""
+        self._generator = loader.generator
+        self.active = True
+        self.yielded = 0
+        self.rng_at_start = None
+
+    def single_process(self, loader: DataLoader, iterator: Any) -> Any:
+        """num_workers=0: torch's own iterator, its sampler iterator recorded."""
+        inner = iterator._sampler_iter
+        iterator._sampler_iter = self.recorded(lambda: inner)
+        return iterator
+
+    def counted(self, loader: DataLoader, iterator: Iterator) -> Iterator:
+        """The pass's batches, counted; an iterable dataset without its own
+        state skips the batches already yielded by reading them."""
+        discard, self._discard = self._discard, 0
+        return _Counted(self, iterator, discard)
+
+    # -- the sampler side -----------------------------------------------------------------
+
+    def recorded(self, make_iter: Any) -> Iterator:
+        resume = self._resume
+        self._resume = None
+        return self._recorded(make_iter, resume)
+
+    def _recorded(self, make_iter: Any, resume: dict[str, Any] | None) -> Iterator:
+        # A generator: nothing happens until the pass asks for its first
+        # index, which is when the wrapped sampler would draw.
+        generator = self._generator
+        saved_global = None
+        if resume is not None and resume.get("rng_state") is not None:
+            if generator is None:
+                import torch
+
+                saved_global = torch.get_rng_state()
+            _set_rng_state(generator, resume["rng_state"])
+        self.rng_at_start = _rng_state(generator)
+        iterator = make_iter()
+        first = next(iterator, _END)  # the sampler draws now
+        if saved_global is not None:
+            import torch
+
+            torch.set_rng_state(saved_global)
+        skip = int(resume["batches_yielded"]) if resume is not None else 0
+        if skip:
+            self.yielded = skip
+            first = (
+                _END if first is _END else next(itertools.islice(iterator, skip - 1, None), _END)
+            )
+        if first is _END:
+            return
+        yield first
+        yield from iterator
+
+
+class _Counted:
+    """Counts the batches a pass yields; forwards everything else."""
+
+    def __init__(self, progress: PassProgress, inner: Iterator, discard: int) -> None:
+        self._progress = progress
+        self._inner = inner
+        self._discard = discard
+
+    def __iter__(self) -> _Counted:
+        return self
+
+    def __next__(self) -> Any:
+        progress = self._progress
+        while self._discard:
+            self._discard -= 1
+            next(self._inner)
+            progress.yielded += 1
+        try:
+            batch = next(self._inner)
+        except StopIteration:
+            progress.active = False
+            progress.yielded = 0
+            raise
+        progress.yielded += 1
+        return batch
+
+    def __len__(self) -> int:
+        return len(self._inner)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def state_dict(loader: DataLoader) -> dict[str, Any]:
+    progress: PassProgress = loader._progress
+    # a pass whose sampler has drawn: its order comes from the RNG state then
+    mid_pass = progress.active and progress.rng_at_start is not None
+    if mid_pass and loader._dataset_kind == 0 and progress.yielded >= len(loader):
+        mid_pass = False  # every batch of the pass was yielded: the pass is complete
+    sampler = loader.sampler
+    dataset = loader.dataset
+    state: dict[str, Any] = {
+        "version": STATE_VERSION,
+        "batches_yielded": progress.yielded if mid_pass else 0,
+        "samples_yielded": (progress.yielded * (loader.batch_size or 1)) if mid_pass else 0,
+        # mid-pass: the RNG state this pass's sampler drew its order from
+        "rng_state": progress.rng_at_start if mid_pass else None,
+        # between passes: the loader's generator as it is, which the next pass
+        # draws from (torch's global RNG is the caller's to save and restore)
+        "generator_state": (
+            loader.generator.get_state() if loader.generator is not None and not mid_pass else None
+        ),
+        "generator": "loader" if loader.generator is not None else "torch-global",
+        "num_workers": loader.num_workers,
+        "sampler_epoch": getattr(sampler, "epoch", None),
+        "sampler_state": sampler.state_dict() if hasattr(sampler, "state_dict") else None,
+        "dataset_state": dataset.state_dict() if hasattr(dataset, "state_dict") else None,
+    }
+    return state
+
+
+def load_state_dict(loader: DataLoader, state: dict[str, Any]) -> None:
+    if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+        raise ValueError(
+            f"not a DataLoader state of version {STATE_VERSION}: "
+            f"{state.get('version') if isinstance(state, dict) else type(state).__name__}"
+        )
+    expected = "loader" if loader.generator is not None else "torch-global"
+    if state["generator"] != expected:
+        raise ValueError(
+            f"the state was saved with generator={state['generator']!r} but this DataLoader "
+            f"uses {expected!r}: the order would differ"
+        )
+    sampler = loader.sampler
+    if state.get("sampler_epoch") is not None and hasattr(sampler, "set_epoch"):
+        sampler.set_epoch(state["sampler_epoch"])
+    if state.get("sampler_state") is not None and hasattr(sampler, "load_state_dict"):
+        sampler.load_state_dict(state["sampler_state"])
+    dataset = loader.dataset
+    if state.get("dataset_state") is not None and hasattr(dataset, "load_state_dict"):
+        dataset.load_state_dict(state["dataset_state"])
+    done = int(state["batches_yielded"])
+    progress: PassProgress = loader._progress
+    if state.get("generator_state") is not None:
+        if loader.num_workers > 0 and loader.worker_mode == "process" and loader.persistent_workers:
+            # persistent workers draw no new base seed after the first pass:
+            # the next pass's sampler draws straight from this state
+            progress._resume = {"rng_state": state["generator_state"], "batches_yielded": 0}
+            progress._discard = 0
+            return
+        loader.generator.set_state(state["generator_state"])
+    if loader._dataset_kind == 1:  # iterable: the sampler yields no positions to skip
+        progress._resume = {"rng_state": state["rng_state"], "batches_yielded": 0}
+        # a dataset with its own state resumes itself; others are read and dropped
+        progress._discard = 0 if hasattr(dataset, "load_state_dict") else done
+    else:
+        progress._resume = {"rng_state": state["rng_state"], "batches_yielded": done}
+        progress._discard = 0
+    progress.active = False
+    progress.yielded = 0
