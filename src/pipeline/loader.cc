@@ -178,8 +178,8 @@ LoaderState Loader::state() const {
   out.fingerprint = fingerprint_;
   out.epoch = epoch_;
   if (resume_) {
-    out.epoch = resume_->epoch;
-    out.position = resume_->position;
+    // A loaded position, unless set_epoch() moved to another epoch since.
+    if (resume_->epoch == epoch_) out.position = resume_->position;
   } else if (last_run_ && last_run_->epoch + 1 == epoch_) {
     // The pass started last is still this epoch's (set_epoch() was not
     // called since): count the batches it delivered.

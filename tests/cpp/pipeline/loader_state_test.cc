@@ -191,7 +191,13 @@ TEST(LoaderStateTest, RestoreIsConstantTime) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   EXPECT_EQ(loader.state().position, state.position);
+  EXPECT_EQ(loader.epoch(), 5u);
   EXPECT_LT(seconds, 0.01);
+  loader.set_epoch(6);  // another epoch: the loaded position no longer applies
+  EXPECT_EQ(loader.state().epoch, 6u);
+  EXPECT_EQ(loader.state().position, 0u);
+  loader.set_epoch(5);
+  EXPECT_EQ(loader.state().position, state.position);
   std::printf("[ LoaderState ] load_state over 1e9 samples: %.2f us\n", seconds * 1e6);
 }
 
