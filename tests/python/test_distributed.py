@@ -106,6 +106,25 @@ def test_rank_and_world_size_from_the_environment(data, monkeypatch):
         loader(open_source("npy", data), rank=0, world_size=0)
 
 
+def test_an_initialised_process_group_wins_over_the_environment(data, monkeypatch):
+    dist = pytest.importorskip("torch.distributed")
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        grouped = loader(open_source("npy", data))
+        assert (grouped.rank, grouped.world_size) == (0, 1)
+        with pytest.raises(ValueError, match="outside world_size 1"):
+            loader(open_source("npy", data), rank=1)  # world_size from the group
+    finally:
+        dist.destroy_process_group()
+
+
 _RESUME = textwrap.dedent(
     """
     import json, sys
