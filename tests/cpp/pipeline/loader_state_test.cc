@@ -155,6 +155,29 @@ TEST(LoaderStateTest, ElasticResumeFromTwoRanksToThree) {
   EXPECT_EQ(consumed.size() + rest.size(), static_cast<size_t>(size));
 }
 
+TEST(LoaderStateTest, AnotherBatchSizeContinuesFromTheSamplePosition) {
+  auto source = ids(97);
+  Loader reference(source, sharded(1, false, 0, 1));
+  std::vector<int64_t> order;
+  auto ref_it = reference.iterate();
+  for (const auto& b : take(*ref_it)) order.insert(order.end(), b.begin(), b.end());
+  Loader first(source, sharded(10, false, 0, 1));
+  auto it = first.iterate();
+  take(*it, 3);
+  const LoaderState state = first.state();
+  EXPECT_EQ(state.position, 30u);
+  // Resumed with batches of 8 (30 is not a multiple of 8): the rest of the
+  // same order, cut from sample 30 on.
+  Loader second(source, sharded(8, false, 0, 1));
+  second.load_state(state);
+  auto rest_it = second.iterate();
+  std::vector<int64_t> rest;
+  const auto batches = take(*rest_it);
+  for (const auto& b : batches) rest.insert(rest.end(), b.begin(), b.end());
+  EXPECT_EQ(batches.size(), 9u);  // 67 samples: 8 full batches and one of 3
+  EXPECT_EQ(rest, std::vector<int64_t>(order.begin() + 30, order.end()));
+}
+
 TEST(LoaderStateTest, RejectsAStateOfAnotherSourceOrOrder) {
   Loader loader(ids(50), sharded(5, false, 0, 1));
   const LoaderState state = loader.state();
