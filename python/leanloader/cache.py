@@ -280,6 +280,8 @@ class TensorCache(_core.TensorCache):
             num_threads=num_threads,
             output=output or _default_output(),
             collate=collate,
+            rank=0,  # `todo` is this rank's part already: no second sharding
+            world_size=1,
         )
         bar = self._progress(len(todo), progress, fresh)
         built = 0
