@@ -3,9 +3,12 @@ StatefulDataLoader.
 
 What a pass's batch order depends on, and what is saved for it:
 
-- the sampler's random draws: the RNG state (the loader's ``generator``, or
-  torch's global RNG when there is none) at the moment the sampler starts
-  drawing, recorded each pass by wrapping the index sampler's iterator;
+- the sampler's random draws: mid-pass, the RNG state (the loader's
+  ``generator``, or torch's global RNG when there is none) at the moment the
+  sampler started drawing, recorded each pass by wrapping the index sampler's
+  iterator; between passes, the loader's ``generator`` as it is (restored at
+  load, or at the next pass's first draw with persistent worker processes,
+  which draw no new base seed);
 - the sampler's own state: ``sampler.state_dict()`` when it has one, and the
   ``epoch`` of a ``DistributedSampler``-like sampler (``set_epoch``);
 - the batches already yielded in the pass;
