@@ -1,0 +1,124 @@
+// HDF5Source: samples from datasets in HDF5 files, read in parallel past the
+// HDF5 library's global lock.
+//
+// Each field is one dataset; row i along its first axis is sample i. A field
+// may span many files (a glob, matches concatenated in sorted order) and may
+// be indexed through an index array: row i of the field is then
+// rows[index[i]] (seed 004: the stimulus image of trial i is
+// images[trial_to_image[i]]). Every field must end up with the same number of
+// rows.
+//
+// How rows are read. Each file is opened and described once, under one
+// process-wide mutex (Debian's HDF5 1.10 is not thread-safe): dtype, shape,
+// layout, the file address of contiguous data and the address, size and
+// filter mask of every chunk. Reads then bypass the library:
+// - contiguous, unfiltered data: pread at the dataset's offset, straight into
+//   the batch row;
+// - chunked data: the raw chunks are pread and their filters (shuffle,
+//   deflate, lz4, zstd) reversed in the worker thread (chunk_filters.h);
+//   chunks holding several rows go through a small LRU cache with a byte
+//   budget;
+// - compact data (at most 64 KiB, stored in the object header) is read once
+//   at open;
+// - everything else (an unknown filter, Fletcher-32, external or virtual
+//   storage, unallocated chunks, a big-endian type) is read with H5Dread
+//   under the mutex; layout() says which path each file takes and why.
+// Types: signed and unsigned integers of 8 to 64 bits, float16/32/64,
+// bfloat16, and h5py's bool (an int8 enum FALSE/TRUE). Compound, string,
+// variable-length, array, reference and opaque types cannot become a tensor
+// and are rejected at open.
+//
+// Thread-safety: read_sample may run on many threads at once. Fork-safety: a
+// process forked after the source was opened must not use it (the HDF5
+// library's state and the mutex were copied mid-flight); read_sample there
+// throws an Error that says so.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "leanloader/sources/source.h"
+
+namespace leanloader {
+
+namespace detail {
+struct Hdf5Dataset;
+class ChunkCache;
+}  // namespace detail
+
+struct HDF5Field {
+  std::string name;
+  // A path or a glob pattern; the matches are sorted and their rows concatenated.
+  std::string files;
+  // The dataset's path inside every file, e.g. "betas" or "/group/images".
+  std::string dataset;
+  // When set, row i of the field is row index[i] of the concatenated dataset.
+  std::optional<std::vector<int64_t>> index;
+};
+
+struct HDF5SourceOptions {
+  // Bytes of decoded chunks kept for chunks that hold several rows.
+  size_t chunk_cache_bytes = size_t{64} << 20;
+};
+
+class HDF5Source final : public Source {
+ public:
+  // Opens every file, under the HDF5 mutex. Throws NotFound (IoError) when a
+  // pattern matches nothing, FormatError for a file HDF5 cannot open or a
+  // missing dataset, InvalidArgument for a type that cannot become a tensor,
+  // files of one field that disagree on dtype or row shape, an index entry
+  // out of range, or fields with different row counts.
+  static std::shared_ptr<HDF5Source> open(std::vector<HDF5Field> fields,
+                                          HDF5SourceOptions options = {});
+  ~HDF5Source() override;
+  HDF5Source(const HDF5Source&) = delete;
+  HDF5Source& operator=(const HDF5Source&) = delete;
+
+  int64_t size() const override { return rows_; }
+  const std::vector<FieldSpec>& fields() const override { return specs_; }
+  void read_sample(int64_t index, SampleWriter& writer) const override;
+  std::string describe() const override { return description_; }
+  std::string sample_location(int64_t index) const override;
+  size_t estimated_sample_bytes() const override { return sample_bytes_; }
+
+  // The files of field `field`, in row order.
+  std::vector<std::string> files(size_t field) const;
+  // How each file of field `field` is read: "pread", "chunks", "memory", or
+  // "library: <why>" (H5Dread under the mutex).
+  std::vector<std::string> layout(size_t field) const;
+  size_t chunk_cache_budget() const noexcept { return options_.chunk_cache_bytes; }
+  // Bytes of decoded chunks held right now.
+  size_t chunk_cache_bytes() const;
+  // True when the linked HDF5 library was built thread-safe (we lock anyway).
+  static bool library_threadsafe();
+
+ private:
+  struct Field {
+    std::string name;
+    std::string dataset;
+    std::vector<std::shared_ptr<detail::Hdf5Dataset>> parts;
+    std::vector<int64_t> starts;  // first concatenated row of each part
+    int64_t rows = 0;             // concatenated rows
+    std::optional<std::vector<int64_t>> index;
+  };
+
+  HDF5Source() = default;
+  void read_field_row(size_t field, int64_t row, SampleWriter& writer) const;
+
+  std::vector<Field> fields_;
+  std::vector<FieldSpec> specs_;
+  HDF5SourceOptions options_;
+  std::unique_ptr<detail::ChunkCache> cache_;
+  int64_t rows_ = 0;
+  size_t sample_bytes_ = 0;
+  std::string description_;
+  pid_t owner_pid_ = 0;
+};
+
+}  // namespace leanloader

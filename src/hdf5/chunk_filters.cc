@@ -1,0 +1,215 @@
+#include "leanloader/hdf5/chunk_filters.h"
+
+#include <lz4.h>
+#include <zlib.h>
+#include <zstd.h>
+
+#include <climits>
+#include <cstring>
+
+#include "leanloader/core/checked_size.h"
+#include "leanloader/core/error.h"
+
+namespace leanloader {
+
+namespace {
+
+std::string filter_label(const Hdf5Filter& filter) {
+  std::string label = filter.name.empty() ? std::string("filter") : "'" + filter.name + "'";
+  return label + " (id " + std::to_string(filter.id) + ")";
+}
+
+[[noreturn]] void corrupt(const Hdf5Filter& filter, const std::string& cause) {
+  throw FormatError("corrupt chunk: " + filter_label(filter) + ": " + cause);
+}
+
+uint32_t load_be32(const std::byte* p) {
+  return (uint32_t(p[0]) << 24) | (uint32_t(p[1]) << 16) | (uint32_t(p[2]) << 8) | uint32_t(p[3]);
+}
+
+uint64_t load_be64(const std::byte* p) { return (uint64_t(load_be32(p)) << 32) | load_be32(p + 4); }
+
+void inflate_into(const Hdf5Filter& filter, std::span<const std::byte> in,
+                  std::span<std::byte> out) {
+  z_stream stream{};
+  if (inflateInit(&stream) != Z_OK) throw OutOfMemory("zlib: inflateInit failed");
+  size_t consumed = 0;
+  size_t produced = 0;
+  int status = Z_OK;
+  // zlib counts in uInt: feed and drain in pieces that fit.
+  while (status == Z_OK) {
+    const size_t in_left = in.size() - consumed;
+    const size_t out_left = out.size() - produced;
+    stream.next_in = reinterpret_cast<Bytef*>(const_cast<std::byte*>(in.data() + consumed));
+    stream.avail_in = static_cast<uInt>(std::min<size_t>(in_left, UINT_MAX));
+    stream.next_out = reinterpret_cast<Bytef*>(out.data() + produced);
+    stream.avail_out = static_cast<uInt>(std::min<size_t>(out_left, UINT_MAX));
+    const uInt avail_in = stream.avail_in;
+    const uInt avail_out = stream.avail_out;
+    status = inflate(&stream, Z_NO_FLUSH);
+    consumed += avail_in - stream.avail_in;
+    produced += avail_out - stream.avail_out;
+    if (status == Z_OK && stream.avail_in == avail_in && stream.avail_out == avail_out) {
+      status = Z_BUF_ERROR;  // no progress
+    }
+    if (status == Z_BUF_ERROR && produced == out.size() && consumed < in.size()) break;
+  }
+  const char* message = stream.msg;
+  inflateEnd(&stream);
+  if (status == Z_STREAM_END) {
+    if (produced != out.size()) {
+      corrupt(filter, "inflates to " + std::to_string(produced) + " bytes, expected " +
+                          std::to_string(out.size()));
+    }
+    return;
+  }
+  if (status == Z_BUF_ERROR) {
+    if (produced == out.size()) {
+      corrupt(filter, "inflates past the expected " + std::to_string(out.size()) + " bytes");
+    }
+    corrupt(filter, "the deflate stream ends early (" + std::to_string(produced) + " of " +
+                        std::to_string(out.size()) + " bytes)");
+  }
+  corrupt(filter, std::string("zlib: ") + (message != nullptr ? message : zError(status)));
+}
+
+void zstd_into(const Hdf5Filter& filter, std::span<const std::byte> in, std::span<std::byte> out) {
+  const size_t result = ZSTD_decompress(out.data(), out.size(), in.data(), in.size());
+  if (ZSTD_isError(result)) corrupt(filter, std::string("zstd: ") + ZSTD_getErrorName(result));
+  if (result != out.size()) {
+    corrupt(filter, "decompresses to " + std::to_string(result) + " bytes, expected " +
+                        std::to_string(out.size()));
+  }
+}
+
+// The HDF5 LZ4 plugin's framing (H5Zlz4.c): a big-endian 8-byte original size
+// and 4-byte block size, then per block a big-endian 4-byte compressed size
+// and the block; a block whose compressed size equals its size is stored raw.
+void lz4_into(const Hdf5Filter& filter, std::span<const std::byte> in, std::span<std::byte> out) {
+  if (in.size() < 12) corrupt(filter, "shorter than its 12-byte header");
+  const uint64_t original = load_be64(in.data());
+  uint64_t block_size = load_be32(in.data() + 8);
+  if (original != out.size()) {
+    corrupt(filter, "header says " + std::to_string(original) + " bytes, expected " +
+                        std::to_string(out.size()));
+  }
+  if (block_size == 0 && original > 0) corrupt(filter, "block size 0");
+  if (block_size > original) block_size = original;
+  size_t read = 12;
+  size_t written = 0;
+  while (written < out.size()) {
+    const size_t this_block = std::min<size_t>(block_size, out.size() - written);
+    if (!range_fits(read, 4, in.size())) corrupt(filter, "ends before a block header");
+    const size_t compressed = load_be32(in.data() + read);
+    read += 4;
+    if (!range_fits(read, compressed, in.size())) {
+      corrupt(filter, "a block of " + std::to_string(compressed) + " bytes runs past the chunk's " +
+                          std::to_string(in.size()));
+    }
+    if (compressed == this_block) {
+      std::memcpy(out.data() + written, in.data() + read, this_block);
+    } else {
+      if (compressed > INT_MAX || this_block > INT_MAX) corrupt(filter, "block too large");
+      const int got =
+          LZ4_decompress_safe(reinterpret_cast<const char*>(in.data() + read),
+                              reinterpret_cast<char*>(out.data() + written),
+                              static_cast<int>(compressed), static_cast<int>(this_block));
+      if (got < 0 || static_cast<size_t>(got) != this_block) {
+        corrupt(filter, "lz4 block at byte " + std::to_string(read) + " does not decode to " +
+                            std::to_string(this_block) + " bytes");
+      }
+    }
+    read += compressed;
+    written += this_block;
+  }
+}
+
+// Reverses HDF5's byte shuffle: byte j of element i was stored at j * n + i.
+void unshuffle_into(std::span<const std::byte> in, std::span<std::byte> out, size_t element) {
+  const size_t n = in.size() / element;
+  for (size_t j = 0; j < element; ++j) {
+    const std::byte* plane = in.data() + j * n;
+    std::byte* dst = out.data() + j;
+    for (size_t i = 0; i < n; ++i) dst[i * element] = plane[i];
+  }
+  const size_t tail = n * element;
+  std::memcpy(out.data() + tail, in.data() + tail, in.size() - tail);
+}
+
+}  // namespace
+
+bool hdf5_filter_supported(int id) noexcept {
+  return id == kHdf5FilterDeflate || id == kHdf5FilterShuffle || id == kHdf5FilterLz4 ||
+         id == kHdf5FilterZstd;
+}
+
+void decode_chunk_into(std::span<const std::byte> raw, const std::vector<Hdf5Filter>& filters,
+                       uint32_t filter_mask, std::span<std::byte> out, size_t element_size) {
+  std::vector<size_t> active;
+  for (size_t k = filters.size(); k-- > 0;) {
+    if (k < 32 && (filter_mask >> k) & 1u) continue;
+    if (!hdf5_filter_supported(filters[k].id)) {
+      throw InvalidArgument("HDF5 " + filter_label(filters[k]) + " is not decoded by leanloader");
+    }
+    active.push_back(k);
+  }
+  // Every supported filter preserves the size once reversed: each stage
+  // produces exactly out.size() bytes, ping-ponging between two buffers and
+  // writing the last stage straight into `out`.
+  std::vector<std::byte> scratch[2];
+  std::span<const std::byte> current = raw;
+  if (active.empty()) {
+    if (raw.size() != out.size()) {
+      throw FormatError("corrupt chunk: " + std::to_string(raw.size()) +
+                        " bytes stored for an unfiltered chunk of " + std::to_string(out.size()));
+    }
+    std::memcpy(out.data(), raw.data(), raw.size());
+    return;
+  }
+  for (size_t step = 0; step < active.size(); ++step) {
+    const Hdf5Filter& filter = filters[active[step]];
+    std::span<std::byte> target = out;
+    if (step + 1 < active.size()) {
+      scratch[step % 2].resize(out.size());
+      target = scratch[step % 2];
+    }
+    switch (filter.id) {
+      case kHdf5FilterDeflate:
+        inflate_into(filter, current, target);
+        break;
+      case kHdf5FilterZstd:
+        zstd_into(filter, current, target);
+        break;
+      case kHdf5FilterLz4:
+        lz4_into(filter, current, target);
+        break;
+      case kHdf5FilterShuffle: {
+        if (current.size() != target.size()) {
+          corrupt(filter, std::to_string(current.size()) + " bytes, expected " +
+                              std::to_string(target.size()));
+        }
+        const size_t element =
+            filter.client_data.empty() ? element_size : size_t{filter.client_data[0]};
+        if (element <= 1) {
+          std::memcpy(target.data(), current.data(), current.size());
+        } else {
+          unshuffle_into(current, target, element);
+        }
+        break;
+      }
+      default:
+        break;  // unreachable: checked above
+    }
+    current = target;
+  }
+}
+
+std::vector<std::byte> decode_chunk(std::span<const std::byte> raw,
+                                    const std::vector<Hdf5Filter>& filters, uint32_t filter_mask,
+                                    size_t chunk_bytes, size_t element_size) {
+  std::vector<std::byte> out(chunk_bytes);
+  decode_chunk_into(raw, filters, filter_mask, out, element_size);
+  return out;
+}
+
+}  // namespace leanloader

@@ -1,0 +1,180 @@
+#include "leanloader/hdf5/hdf5_source.h"
+
+#include <glob.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include "hdf5/hdf5_dataset.h"
+#include "leanloader/core/checked_size.h"
+#include "leanloader/core/error.h"
+
+namespace leanloader {
+
+namespace {
+
+// Paths matching `pattern`, sorted (glob's own order); a pattern without
+// wildcards that names a missing file is NotFound.
+std::vector<std::string> expand(const std::string& pattern) {
+  glob_t matches{};
+  const int status = ::glob(pattern.c_str(), 0, nullptr, &matches);
+  std::vector<std::string> paths;
+  if (status == 0) {
+    for (size_t i = 0; i < matches.gl_pathc; ++i) paths.emplace_back(matches.gl_pathv[i]);
+  }
+  ::globfree(&matches);
+  if (paths.empty()) throw IoError("no HDF5 file matches", pattern, ENOENT);
+  std::sort(paths.begin(), paths.end());
+  return paths;
+}
+
+const char* path_name(detail::Hdf5ReadPath path) {
+  switch (path) {
+    case detail::Hdf5ReadPath::kPread:
+      return "pread";
+    case detail::Hdf5ReadPath::kChunks:
+      return "chunks";
+    case detail::Hdf5ReadPath::kMemory:
+      return "memory";
+    case detail::Hdf5ReadPath::kLibrary:
+      return "library";
+  }
+  return "library";
+}
+
+}  // namespace
+
+std::shared_ptr<HDF5Source> HDF5Source::open(std::vector<HDF5Field> fields,
+                                             HDF5SourceOptions options) {
+  if (fields.empty()) throw InvalidArgument("HDF5Source needs at least one field");
+  std::shared_ptr<HDF5Source> source(new HDF5Source());
+  source->options_ = options;
+  source->owner_pid_ = ::getpid();
+  source->cache_ = std::make_unique<detail::ChunkCache>(options.chunk_cache_bytes);
+  std::string description;
+  for (HDF5Field& spec : fields) {
+    for (const Field& other : source->fields_) {
+      if (other.name == spec.name)
+        throw InvalidArgument("HDF5Source: field '" + spec.name + "' given twice");
+    }
+    Field field;
+    field.name = spec.name;
+    field.dataset = spec.dataset;
+    for (const std::string& path : expand(spec.files)) {
+      auto part = std::make_shared<detail::Hdf5Dataset>(path, spec.dataset);
+      if (!field.parts.empty()) {
+        const detail::Hdf5Dataset& head = *field.parts.front();
+        if (part->dtype != head.dtype || part->row_shape != head.row_shape) {
+          throw InvalidArgument("HDF5Source field '" + spec.name + "': '" + path +
+                                "' has rows of " + shape_to_string(part->row_shape) + " " +
+                                std::string(dtype_name(part->dtype)) + " but '" + head.path +
+                                "' has " + shape_to_string(head.row_shape) + " " +
+                                std::string(dtype_name(head.dtype)));
+        }
+      }
+      field.starts.push_back(field.rows);
+      field.rows += part->rows;
+      field.parts.push_back(std::move(part));
+    }
+    if (spec.index) {
+      const std::vector<int64_t>& index = *spec.index;
+      for (size_t i = 0; i < index.size(); ++i) {
+        if (index[i] < 0 || index[i] >= field.rows) {
+          throw InvalidArgument("HDF5Source field '" + spec.name + "': index[" + std::to_string(i) +
+                                "] = " + std::to_string(index[i]) + " is out of range for the " +
+                                std::to_string(field.rows) + " rows of dataset '" + spec.dataset +
+                                "' in '" + spec.files + "'");
+        }
+      }
+      field.index = std::move(spec.index);
+    }
+    const int64_t rows = field.index ? static_cast<int64_t>(field.index->size()) : field.rows;
+    if (!source->fields_.empty() && rows != source->rows_) {
+      throw InvalidArgument("HDF5Source fields disagree on the number of samples: '" +
+                            source->fields_.front().name + "' has " +
+                            std::to_string(source->rows_) + ", '" + spec.name + "' has " +
+                            std::to_string(rows));
+    }
+    source->rows_ = rows;
+    const detail::Hdf5Dataset& head = *field.parts.front();
+    source->specs_.push_back({field.name, head.dtype, head.row_shape});
+    const auto bytes = checked_add(source->sample_bytes_, head.row_bytes);
+    if (!bytes) throw InvalidArgument("HDF5Source: sample size overflows size_t");
+    source->sample_bytes_ = *bytes;
+    description += (description.empty() ? "" : ", ") + field.name + ": " + spec.files + ":" +
+                   spec.dataset + (field.index ? "[index]" : "");
+    source->fields_.push_back(std::move(field));
+  }
+  source->description_ = "HDF5Source(" + description + ")";
+  return source;
+}
+
+HDF5Source::~HDF5Source() = default;
+
+void HDF5Source::read_sample(int64_t index, SampleWriter& writer) const {
+  if (::getpid() != owner_pid_) {
+    throw Error("this HDF5Source was opened in process " + std::to_string(owner_pid_) +
+                " and cannot be read in a forked child (pid " + std::to_string(::getpid()) +
+                "): the HDF5 library's state and lock were copied mid-flight; open the source "
+                "in the child, or start workers with spawn");
+  }
+  if (index < 0 || index >= rows_) {
+    throw InvalidArgument("index " + std::to_string(index) + " out of range for " +
+                          std::to_string(rows_) + " samples");
+  }
+  for (size_t f = 0; f < fields_.size(); ++f) read_field_row(f, index, writer);
+}
+
+void HDF5Source::read_field_row(size_t f, int64_t index, SampleWriter& writer) const {
+  const Field& field = fields_[f];
+  const int64_t row = field.index ? (*field.index)[static_cast<size_t>(index)] : index;
+  const size_t part =
+      static_cast<size_t>(std::upper_bound(field.starts.begin(), field.starts.end(), row) -
+                          field.starts.begin()) -
+      1;
+  const detail::Hdf5Dataset& dataset = *field.parts[part];
+  const std::span<std::byte> dst = writer.field_buffer(f, dataset.row_shape);
+  dataset.read_row(row - field.starts[part], dst, cache_.get());
+}
+
+std::string HDF5Source::sample_location(int64_t index) const {
+  if (index < 0 || index >= rows_) return "sample " + std::to_string(index) + " (out of range)";
+  std::string out;
+  for (const Field& field : fields_) {
+    const int64_t row = field.index ? (*field.index)[static_cast<size_t>(index)] : index;
+    const size_t part =
+        static_cast<size_t>(std::upper_bound(field.starts.begin(), field.starts.end(), row) -
+                            field.starts.begin()) -
+        1;
+    out += (out.empty() ? "" : "; ") + field.parts[part]->where(row - field.starts[part]);
+  }
+  return out;
+}
+
+std::vector<std::string> HDF5Source::files(size_t field) const {
+  std::vector<std::string> out;
+  for (const auto& part : fields_.at(field).parts) out.push_back(part->path);
+  return out;
+}
+
+std::vector<std::string> HDF5Source::layout(size_t field) const {
+  std::vector<std::string> out;
+  for (const auto& part : fields_.at(field).parts) {
+    std::string entry = path_name(part->read_path);
+    if (part->read_path == detail::Hdf5ReadPath::kLibrary) entry += ": " + part->library_reason;
+    out.push_back(std::move(entry));
+  }
+  return out;
+}
+
+size_t HDF5Source::chunk_cache_bytes() const { return cache_->bytes(); }
+
+bool HDF5Source::library_threadsafe() {
+  std::lock_guard lock(detail::hdf5_mutex());
+  hbool_t threadsafe = false;
+  H5is_library_threadsafe(&threadsafe);
+  return threadsafe;
+}
+
+}  // namespace leanloader
