@@ -57,7 +57,10 @@ void write_dataset(const std::string& path, const std::string& name, hid_t type,
     if (layout.shuffle) H5Pset_shuffle(plist);
     if (layout.deflate >= 0) H5Pset_deflate(plist, static_cast<unsigned>(layout.deflate));
   }
-  const hid_t dset = H5Dcreate2(file, name.c_str(), type, space, H5P_DEFAULT, plist, H5P_DEFAULT);
+  const hid_t links = H5Pcreate(H5P_LINK_CREATE);
+  H5Pset_create_intermediate_group(links, 1);
+  const hid_t dset = H5Dcreate2(file, name.c_str(), type, space, links, plist, H5P_DEFAULT);
+  H5Pclose(links);
   ASSERT_GE(dset, 0);
   ASSERT_GE(H5Dwrite(dset, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), 0);
   H5Dclose(dset);
