@@ -17,4 +17,5 @@ NB_MODULE(_core, m) {
   bind_python_tasks(m);
   bind_process(m);
   bind_cache(m);
+  bind_hdf5(m);
 }

@@ -11,6 +11,7 @@ from leanloader.audit import audit
 from leanloader.autobatch import AutoBatch
 from leanloader.cache import TensorCache
 from leanloader.dataloader import DataLoader
+from leanloader.hdf5 import HDF5Source
 from leanloader.loader import Loader
 from leanloader.memory import memory_report
 from leanloader.planner import batch_defaults, estimate_memory, regularization_cost
@@ -25,6 +26,7 @@ __all__ = [
     "Error",
     "FileSource",
     "FormatError",
+    "HDF5Source",
     "Loader",
     "NpySource",
     "SharedRecords",

@@ -11,7 +11,8 @@ should not travel at all, with the fix:
 
 - ``torch.nn.Module``: drop it in ``__getstate__``;
 - CUDA tensors: keep them on the CPU or cache them to disk (``TensorCache``);
-- open file handles (files, h5py, sqlite, sockets) and locks: open lazily;
+- open file handles (files, h5py, sqlite, sockets) and locks: open lazily
+  (h5py datasets: ``ll.HDF5Source``);
 - large lists / dicts of Python objects: ``ll.SharedRecords``;
 - objects that cannot be pickled at all (lambdas, local classes).
 """
@@ -244,12 +245,21 @@ def _audit_value(path: str, value: Any, threshold: int, np: Any, torch: Any) -> 
             "", "shared once in shared memory (by torch and by ll.DataLoader)",
         )  # fmt: skip
     if _is_handle(value):
+        fix = (
+            "open it lazily on first use in __getitem__ (each worker opens its own) and drop "
+            "it in __getstate__"
+        )
+        if (type(value).__module__ or "").startswith("h5py"):
+            fix = (
+                "read the datasets with ll.HDF5Source({name: (files, dataset[, index])}) and "
+                "ll.Loader: files opened once, rows read by native threads past HDF5's lock, "
+                "no handle in any worker; or " + fix
+            )
         return AuditEntry(
             path, f"open handle {type(value).__module__}.{type(value).__qualname__}", 0, 0,
             "open files, HDF5 handles, connections and locks cannot be sent to a worker "
             "(and are unsafe to share across fork)",
-            "open it lazily on first use in __getitem__ (each worker opens its own) and drop "
-            "it in __getstate__",
+            fix,
             True,
         )  # fmt: skip
     from leanloader.shared_records import SharedRecords
