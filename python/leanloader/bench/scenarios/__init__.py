@@ -28,6 +28,7 @@ from typing import Any
 # Scenario name -> module that defines SCENARIO. Add a line per new scenario.
 SCENARIO_MODULES: dict[str, str] = {
     "arrays": "leanloader.bench.scenarios.arrays",
+    "hdf5": "leanloader.bench.scenarios.hdf5",
     "latents": "leanloader.bench.scenarios.latents",
     "pydataset": "leanloader.bench.scenarios.pydataset",
 }
