@@ -155,7 +155,8 @@ class Loader:
         self._core.load_state(state_from_dict(state))
 
     def memory_bill(self) -> int:
-        """Planned bytes of batch memory (slots × slot bytes), known before any batch."""
+        """Planned bytes, known before any batch: batch slots (slots × slot bytes) plus
+        the source's cache budget (``HDF5Source``'s decoded chunks)."""
         return self._core.memory_bill()
 
     def stats(self) -> dict[str, Any]:

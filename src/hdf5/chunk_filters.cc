@@ -1,7 +1,7 @@
 #include "leanloader/hdf5/chunk_filters.h"
 
+#include <libdeflate.h>
 #include <lz4.h>
-#include <zlib.h>
 #include <zstd.h>
 
 #include <climits>
@@ -29,48 +29,31 @@ uint32_t load_be32(const std::byte* p) {
 
 uint64_t load_be64(const std::byte* p) { return (uint64_t(load_be32(p)) << 32) | load_be32(p + 4); }
 
+// libdeflate: whole-buffer inflate, 2-3x zlib's speed; one decompressor per
+// thread, kept for the thread's life.
 void inflate_into(const Hdf5Filter& filter, std::span<const std::byte> in,
                   std::span<std::byte> out) {
-  z_stream stream{};
-  if (inflateInit(&stream) != Z_OK) throw OutOfMemory("zlib: inflateInit failed");
-  size_t consumed = 0;
+  struct Decompressor {
+    libdeflate_decompressor* handle = libdeflate_alloc_decompressor();
+    ~Decompressor() { libdeflate_free_decompressor(handle); }
+  };
+  thread_local Decompressor decompressor;
+  if (decompressor.handle == nullptr) throw OutOfMemory("libdeflate: cannot allocate");
   size_t produced = 0;
-  int status = Z_OK;
-  // zlib counts in uInt: feed and drain in pieces that fit.
-  while (status == Z_OK) {
-    const size_t in_left = in.size() - consumed;
-    const size_t out_left = out.size() - produced;
-    stream.next_in = reinterpret_cast<Bytef*>(const_cast<std::byte*>(in.data() + consumed));
-    stream.avail_in = static_cast<uInt>(std::min<size_t>(in_left, UINT_MAX));
-    stream.next_out = reinterpret_cast<Bytef*>(out.data() + produced);
-    stream.avail_out = static_cast<uInt>(std::min<size_t>(out_left, UINT_MAX));
-    const uInt avail_in = stream.avail_in;
-    const uInt avail_out = stream.avail_out;
-    status = inflate(&stream, Z_NO_FLUSH);
-    consumed += avail_in - stream.avail_in;
-    produced += avail_out - stream.avail_out;
-    if (status == Z_OK && stream.avail_in == avail_in && stream.avail_out == avail_out) {
-      status = Z_BUF_ERROR;  // no progress
-    }
-    if (status == Z_BUF_ERROR && produced == out.size() && consumed < in.size()) break;
-  }
-  const char* message = stream.msg;
-  inflateEnd(&stream);
-  if (status == Z_STREAM_END) {
-    if (produced != out.size()) {
-      corrupt(filter, "inflates to " + std::to_string(produced) + " bytes, expected " +
-                          std::to_string(out.size()));
-    }
-    return;
-  }
-  if (status == Z_BUF_ERROR) {
-    if (produced == out.size()) {
+  const libdeflate_result result = libdeflate_zlib_decompress(
+      decompressor.handle, in.data(), in.size(), out.data(), out.size(), &produced);
+  switch (result) {
+    case LIBDEFLATE_SUCCESS:
+      if (produced != out.size()) {
+        corrupt(filter, "inflates to " + std::to_string(produced) + " bytes, expected " +
+                            std::to_string(out.size()));
+      }
+      return;
+    case LIBDEFLATE_INSUFFICIENT_SPACE:
       corrupt(filter, "inflates past the expected " + std::to_string(out.size()) + " bytes");
-    }
-    corrupt(filter, "the deflate stream ends early (" + std::to_string(produced) + " of " +
-                        std::to_string(out.size()) + " bytes)");
+    default:
+      corrupt(filter, "not a valid zlib/deflate stream of " + std::to_string(in.size()) + " bytes");
   }
-  corrupt(filter, std::string("zlib: ") + (message != nullptr ? message : zError(status)));
 }
 
 void zstd_into(const Hdf5Filter& filter, std::span<const std::byte> in, std::span<std::byte> out) {
@@ -156,7 +139,12 @@ void decode_chunk_into(std::span<const std::byte> raw, const std::vector<Hdf5Fil
   // Every supported filter preserves the size once reversed: each stage
   // produces exactly out.size() bytes, ping-ponging between two buffers and
   // writing the last stage straight into `out`.
-  std::vector<std::byte> scratch[2];
+  // Scratch is kept per thread, so steady-state decoding allocates (and
+  // page-faults) nothing; chunks above kKeptScratchBytes use a local buffer.
+  constexpr size_t kKeptScratchBytes = size_t{64} << 20;
+  thread_local std::vector<std::byte> kept[2];
+  std::vector<std::byte> local[2];
+  std::vector<std::byte>* scratch = out.size() <= kKeptScratchBytes ? kept : local;
   std::span<const std::byte> current = raw;
   if (active.empty()) {
     if (raw.size() != out.size()) {
@@ -170,8 +158,9 @@ void decode_chunk_into(std::span<const std::byte> raw, const std::vector<Hdf5Fil
     const Hdf5Filter& filter = filters[active[step]];
     std::span<std::byte> target = out;
     if (step + 1 < active.size()) {
-      scratch[step % 2].resize(out.size());
-      target = scratch[step % 2];
+      std::vector<std::byte>& buffer = scratch[step % 2];
+      if (buffer.size() < out.size()) buffer.resize(out.size());
+      target = std::span<std::byte>(buffer.data(), out.size());
     }
     switch (filter.id) {
       case kHdf5FilterDeflate:

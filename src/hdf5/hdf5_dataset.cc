@@ -390,7 +390,8 @@ void Hdf5Dataset::read_row_library(int64_t row, std::span<std::byte> dst) const 
   }
 }
 
-std::vector<std::byte> Hdf5Dataset::read_raw(size_t chunk, int64_t row) const {
+std::span<const std::byte> Hdf5Dataset::read_raw(size_t chunk, int64_t row,
+                                                 std::vector<std::byte>& buffer) const {
   const Hdf5ChunkLocation& location = chunks[chunk];
   if (!range_fits(location.address, location.size, reader->size())) {
     throw FormatError(where(row) + ": chunk " + std::to_string(chunk) + " (" +
@@ -398,7 +399,8 @@ std::vector<std::byte> Hdf5Dataset::read_raw(size_t chunk, int64_t row) const {
                       std::to_string(location.address) + ") runs past the end of the file (" +
                       std::to_string(reader->size()) + " bytes): truncated or corrupt");
   }
-  std::vector<std::byte> raw(location.size);
+  if (buffer.size() < location.size) buffer.resize(location.size);
+  const std::span<std::byte> raw(buffer.data(), location.size);
   reader->read_exact(location.address, raw);
   return raw;
 }
@@ -413,7 +415,13 @@ void Hdf5Dataset::decode_into(size_t chunk, int64_t row, std::span<std::byte> ds
     reader->read_exact(location.address, dst);  // straight into the row: no copy
     return;
   }
-  const std::vector<std::byte> raw = read_raw(chunk, row);
+  // The stored bytes go to a per-thread buffer (no allocation per chunk),
+  // except for chunks too large to keep around.
+  constexpr size_t kKeptBufferBytes = size_t{64} << 20;
+  thread_local std::vector<std::byte> kept;
+  std::vector<std::byte> local;
+  const std::span<const std::byte> raw =
+      read_raw(chunk, row, location.size <= kKeptBufferBytes ? kept : local);
   try {
     decode_chunk_into(raw, filters, location.filter_mask, dst, element_size);
   } catch (const Error& e) {

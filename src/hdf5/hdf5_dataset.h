@@ -83,7 +83,8 @@ struct Hdf5Dataset {
   std::shared_ptr<const std::vector<std::byte>> load_chunk(size_t chunk, int64_t row,
                                                            ChunkCache* cache) const;
   void decode_into(size_t chunk, int64_t row, std::span<std::byte> dst) const;
-  std::vector<std::byte> read_raw(size_t chunk, int64_t row) const;
+  std::span<const std::byte> read_raw(size_t chunk, int64_t row,
+                                      std::vector<std::byte>& buffer) const;
 };
 
 // Decoded chunks shared by rows of the same chunk, least recently used first

@@ -279,6 +279,10 @@ def test_chunk_cache_is_budgeted(tmp_path):
     assert source.chunk_cache_budget == 256 * 1024
     np.testing.assert_array_equal(read_field(source, "x", batch_size=8), data)
     assert 0 < source.chunk_cache_bytes <= 256 * 1024
+    # The cache's budget is part of the loader's memory bill.
+    uncached = ll.HDF5Source({"x": (str(tmp_path / "x.h5"), "x")}, chunk_cache=0)
+    bill = ll.Loader(source, batch_size=8).memory_bill()
+    assert bill - ll.Loader(uncached, batch_size=8).memory_bill() == 256 * 1024
 
 
 def test_audit_points_h5py_handles_to_hdf5source(tmp_path):

@@ -86,6 +86,7 @@ class HDF5Source final : public Source {
   std::string describe() const override { return description_; }
   std::string sample_location(int64_t index) const override;
   size_t estimated_sample_bytes() const override { return sample_bytes_; }
+  size_t cache_budget_bytes() const override { return options_.chunk_cache_bytes; }
 
   // The files of field `field`, in row order.
   std::vector<std::string> files(size_t field) const;

@@ -72,8 +72,11 @@ class Loader {
   // malformed. O(1).
   void load_state(const LoaderState& state);
 
-  // Planned bytes: slots x slot_bytes (+ per-thread scratch, none yet).
-  size_t memory_bill() const noexcept { return num_slots_ * slot_bytes_; }
+  // Planned bytes: slots x slot_bytes + the source's cache budget (per-thread
+  // scratch: none yet).
+  size_t memory_bill() const noexcept {
+    return num_slots_ * slot_bytes_ + source_->cache_budget_bytes();
+  }
   size_t slot_bytes() const noexcept { return slot_bytes_; }
   size_t num_slots() const noexcept { return num_slots_; }
   int effective_prefetch() const noexcept { return prefetch_; }

@@ -59,6 +59,10 @@ class Source {
   // Typical bytes of one sample over all fields, for sizing batch slots when
   // shapes vary. Fixed-shape sources return the exact figure.
   virtual size_t estimated_sample_bytes() const = 0;
+  // Bytes the source may keep between reads (a decoded-chunk cache), at
+  // most; the loader adds them to its memory bill. 0 for sources that keep
+  // nothing.
+  virtual size_t cache_budget_bytes() const { return 0; }
 };
 
 // Index of the field called `name`, or nullopt.
