@@ -300,3 +300,30 @@ def test_audit_points_h5py_handles_to_hdf5source(tmp_path):
     finally:
         dataset.file.close()
     assert "ll.HDF5Source" in text
+
+
+def test_bench_scenario_loaders_read_the_same_trials(tmp_path):
+    from leanloader.bench.scenarios import LoaderContext, get_scenario
+    from leanloader.bench.scenarios import hdf5 as scenario_module
+
+    scenario = get_scenario("hdf5")
+    size = {"sessions": 2, "trials": 5, "trial_shape": [6, 5, 4], "images": 3, "epochs": 1}
+    data = scenario.prepare(tmp_path, size)
+    assert scenario.prepare(tmp_path, size) == data  # generated once, reused
+
+    def totals(function, options):
+        context = LoaderContext(size=size, data=data, options=options, seed=1)
+        fmri = image = 0.0
+        rows = 0
+        for batch in function(context):
+            fmri += float(np.asarray(batch["fmri"], dtype=np.float64).sum())
+            image += float(np.asarray(batch["image"], dtype=np.float64).sum())
+            rows += len(batch["fmri"])
+        return rows, fmri, image
+
+    expected = totals(scenario_module.iterate_pread, {})
+    assert expected[0] == 10
+    for variant in ("raw", "gzip"):
+        got = totals(scenario_module.iterate_leanloader, {"output": "numpy", "variant": variant})
+        assert got[0] == expected[0]
+        assert got[1] == pytest.approx(expected[1]) and got[2] == expected[2]
