@@ -29,8 +29,29 @@ nb::object optional_bytes(const std::optional<uint64_t>& value) {
 nb::dict totals_to_dict(const MemoryTotals& totals) {
   nb::dict d;
   put_bytes(d, totals);
+  d["fd_shmem_bytes"] = totals.fd_shmem_bytes;
   d["unreclaimable_bytes"] = totals.unreclaimable_bytes();
   d["num_processes"] = totals.num_processes;
+  return d;
+}
+
+nb::dict shared_files_to_dict(const FdSharedMemory& held) {
+  nb::dict d;
+  d["num_files"] = held.num_files;
+  d["held_bytes"] = held.held_bytes;
+  d["mapped_bytes"] = held.mapped_bytes;
+  d["unmapped_bytes"] = held.unmapped_bytes;
+  nb::list owners;
+  for (const SharedFileOwner& owner : held.owners) {
+    nb::dict o;
+    o["pid"] = owner.pid;
+    o["name"] = owner.name;
+    o["num_files"] = owner.num_files;
+    o["held_bytes"] = owner.held_bytes;
+    o["unmapped_bytes"] = owner.unmapped_bytes;
+    owners.append(o);
+  }
+  d["owners"] = owners;
   return d;
 }
 
@@ -65,10 +86,12 @@ void bind_memory(nb::module_& m) {
       },
       nb::arg("pid"),
       "Bytes summed over pid and its descendants (PSS-based: shared pages once):\n"
-      "rss, pss, pss_anon, pss_file, pss_shmem, uss, swap, unreclaimable\n"
-      "(= pss_anon + pss_shmem) and num_processes. Processes that exit while\n"
-      "being read are skipped; num_processes is 0 when pid is gone. Reads only\n"
-      "/proc/*/stat and smaps_rollup, with the GIL released.");
+      "rss, pss, pss_anon, pss_file, pss_shmem, uss, swap, fd_shmem (shared memory\n"
+      "held by the tree's descriptors and not mapped: unlinked /dev/shm files,\n"
+      "memfds), unreclaimable (= pss_anon + pss_shmem + fd_shmem) and num_processes.\n"
+      "Processes that exit while being read are skipped; num_processes is 0 when\n"
+      "pid is gone. Reads /proc/*/stat, smaps_rollup and the fd directories (maps\n"
+      "and smaps of processes mapping a held file), with the GIL released.");
 
   m.def(
       "memory_snapshot",
@@ -79,10 +102,17 @@ void bind_memory(nb::module_& m) {
         SystemMemory system;
         std::optional<CgroupMemory> cgroup;
         std::optional<std::vector<GpuMemory>> gpus;
+        FdSharedMemory held;
         {
           nb::gil_scoped_release release;
           processes = monitor.read_processes(pid, tree);
-          for (const ProcessMemory& process : processes) totals.add(process);
+          std::vector<int> pids;
+          for (const ProcessMemory& process : processes) {
+            totals.add(process);
+            pids.push_back(process.pid);
+          }
+          held = monitor.fd_shared_memory(pids);
+          totals.fd_shmem_bytes = held.unmapped_bytes;
           system = monitor.read_system();
           cgroup = monitor.read_cgroup(pid);
           if (gpu) gpus = monitor.read_gpus();
@@ -100,7 +130,10 @@ void bind_memory(nb::module_& m) {
         out["processes"] = process_list;
         nb::dict total;
         put_bytes(total, totals);
+        total["fd_shmem_bytes"] = totals.fd_shmem_bytes;
+        total["unreclaimable_bytes"] = totals.unreclaimable_bytes();
         out["total"] = total;
+        out["shared_files"] = shared_files_to_dict(held);
         nb::dict system_dict;
         system_dict["mem_total_bytes"] = system.mem_total_bytes;
         system_dict["mem_available_bytes"] = system.mem_available_bytes;
@@ -122,7 +155,9 @@ void bind_memory(nb::module_& m) {
         return out;
       },
       nb::arg("pid"), nb::arg("tree") = true, nb::arg("root") = "", nb::arg("gpu") = true,
-      "Per-process memory of pid (and its descendants when tree), their totals,\n"
+      "Per-process memory of pid (and its descendants when tree), their totals\n"
+      "(with fd_shmem and unreclaimable), shared memory held by their descriptors\n"
+      "(shared_files: per owner),\n"
       "/proc/meminfo, the process's memory cgroup and NVML GPUs. `root` prefixes\n"
       "every /proc and /sys path (tests use fake trees). Raises FileNotFoundError\n"
       "when pid cannot be read.");

@@ -58,6 +58,8 @@ void bind_process(nb::module_& m) {
         nb::arg("expected_parent"),
         "prctl(PR_SET_PDEATHSIG): this process gets `signal` when its parent dies. "
         "False when `expected_parent` is already gone.");
+  m.def("set_process_name", &set_process_name, nb::arg("name"),
+        "prctl(PR_SET_NAME): the name `ps` and `top` show for this process (15 bytes kept).");
 
   nb::class_<SharedSegment>(
       m, "SharedSegment",
@@ -129,6 +131,9 @@ void bind_process(nb::module_& m) {
             return SlotPool::create(slot_bytes, num_slots, dir.value_or(""));
           },
           nb::arg("slot_bytes"), nb::arg("num_slots"), nb::arg("dir") = nb::none())
+      .def_static("adopt", &SlotPool::adopt, nb::arg("segment"), nb::arg("slot_bytes"),
+                  nb::arg("num_slots") = 1,
+                  "A pool over an existing segment (a batch segment a worker created).")
       .def("acquire", &SlotPool::acquire, "A free slot id, or None when all are in use.")
       .def("release", &SlotPool::release, nb::arg("slot"))
       .def(

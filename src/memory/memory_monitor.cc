@@ -2,7 +2,10 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -478,10 +481,176 @@ std::vector<ProcessMemory> MemoryMonitor::read_processes(int pid, bool tree) con
 
 MemoryTotals MemoryMonitor::tree_totals(int pid) const {
   MemoryTotals totals;
+  std::vector<int> members;
   for (int member : process_tree(pid)) {
-    if (const auto memory = read_process(member)) totals.add(*memory);
+    if (const auto memory = read_process(member)) {
+      totals.add(*memory);
+      members.push_back(member);
+    }
   }
+  totals.fd_shmem_bytes = fd_shared_memory(members).unmapped_bytes;
   return totals;
+}
+
+namespace {
+
+struct FileKey {
+  uint64_t major = 0;
+  uint64_t minor = 0;
+  uint64_t inode = 0;
+  bool operator==(const FileKey& other) const {
+    return major == other.major && minor == other.minor && inode == other.inode;
+  }
+};
+
+struct FileKeyHash {
+  size_t operator()(const FileKey& key) const {
+    return std::hash<uint64_t>()(key.inode * 1000003u ^ (key.major << 20) ^ key.minor);
+  }
+};
+
+struct HeldFile {
+  size_t owner = 0;  // index into FdSharedMemory::owners
+  uint64_t held_bytes = 0;
+  uint64_t mapped_bytes = 0;
+};
+
+// Whether the file an fd link points to is shared memory that lives as long
+// as a descriptor does: a memfd, or an unlinked regular file on tmpfs.
+bool is_held_shared_memory(const std::string& link, const std::string& target,
+                           const struct stat& info) {
+  if (!S_ISREG(info.st_mode)) return false;
+  if (target.rfind("/memfd:", 0) == 0) return true;
+  if (info.st_nlink != 0) return false;
+  struct statfs fs;
+  if (::statfs(link.c_str(), &fs) != 0) return false;
+  return static_cast<uint64_t>(fs.f_type) == TMPFS_MAGIC;
+}
+
+// "start-end perms offset major:minor inode [path]": the device and inode of
+// a maps / smaps header line, or nullopt for other lines.
+std::optional<FileKey> mapping_key(std::string_view line) {
+  size_t field = 0;
+  size_t pos = 0;
+  std::string_view device;
+  std::string_view inode;
+  while (pos < line.size() && field < 5) {
+    while (pos < line.size() && line[pos] == ' ') ++pos;
+    const size_t end = std::min(line.find(' ', pos), line.size());
+    if (field == 3) device = line.substr(pos, end - pos);
+    if (field == 4) inode = line.substr(pos, end - pos);
+    pos = end;
+    ++field;
+  }
+  if (field < 5) return std::nullopt;
+  const size_t colon = device.find(':');
+  if (colon == std::string_view::npos) return std::nullopt;
+  FileKey key;
+  const auto parse_hex = [](std::string_view text, uint64_t& out) {
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), out, 16);
+    return ec == std::errc() && end == text.data() + text.size();
+  };
+  if (!parse_hex(device.substr(0, colon), key.major) ||
+      !parse_hex(device.substr(colon + 1), key.minor)) {
+    return std::nullopt;
+  }
+  const auto value = parse_u64(inode);
+  if (!value || *value == 0) return std::nullopt;
+  key.inode = *value;
+  return key;
+}
+
+}  // namespace
+
+FdSharedMemory MemoryMonitor::fd_shared_memory(const std::vector<int>& pids) const {
+  FdSharedMemory result;
+  std::unordered_map<FileKey, HeldFile, FileKeyHash> files;
+  std::vector<FileKey> order;
+  std::string text;
+  for (int pid : pids) {
+    const std::string fd_dir = proc_path(pid, "fd");
+    DIR* dir = ::opendir(fd_dir.c_str());
+    if (dir == nullptr) continue;  // exited, or another user's process
+    std::optional<size_t> owner;
+    while (const dirent* entry = ::readdir(dir)) {
+      if (!all_digits(entry->d_name)) continue;
+      const std::string link = fd_dir + "/" + entry->d_name;
+      char target[4096];
+      const ssize_t length = ::readlink(link.c_str(), target, sizeof(target) - 1);
+      if (length <= 0) continue;
+      const std::string target_text(target, static_cast<size_t>(length));
+      struct stat info;
+      if (::stat(link.c_str(), &info) != 0) continue;  // closed meanwhile
+      if (!is_held_shared_memory(link, target_text, info)) continue;
+      const FileKey key{major(info.st_dev), minor(info.st_dev), info.st_ino};
+      if (files.count(key) != 0) continue;  // counted once, with its first holder
+      if (!owner) {
+        SharedFileOwner added;
+        added.pid = pid;
+        if (read_file(proc_path(pid, "stat"), text)) {
+          if (const auto stat = parse_stat(text)) added.name = stat->name;
+        }
+        result.owners.push_back(std::move(added));
+        owner = result.owners.size() - 1;
+      }
+      HeldFile held;
+      held.owner = *owner;
+      held.held_bytes = static_cast<uint64_t>(info.st_blocks) * 512u;
+      files.emplace(key, held);
+      order.push_back(key);
+    }
+    ::closedir(dir);
+  }
+  if (files.empty()) return result;
+
+  // Pss of the mappings of these files, from smaps of the processes whose
+  // maps (cheap: no page walk) name one of them.
+  for (int pid : pids) {
+    if (!read_file(proc_path(pid, "maps"), text)) continue;
+    bool maps_one = false;
+    std::string_view rest(text);
+    while (!rest.empty() && !maps_one) {
+      const size_t newline = rest.find('\n');
+      const auto key = mapping_key(rest.substr(0, newline));
+      maps_one = key && files.count(*key) != 0;
+      rest = newline == std::string_view::npos ? std::string_view() : rest.substr(newline + 1);
+    }
+    if (!maps_one || !read_file(proc_path(pid, "smaps"), text)) continue;
+    HeldFile* current = nullptr;
+    rest = std::string_view(text);
+    while (!rest.empty()) {
+      const size_t newline = rest.find('\n');
+      const std::string_view line = rest.substr(0, newline);
+      rest = newline == std::string_view::npos ? std::string_view() : rest.substr(newline + 1);
+      const size_t colon = line.find(':');
+      const bool is_field = colon != std::string_view::npos && colon > 0 &&
+                            line.find(' ') > colon;  // "Pss:   12 kB", not a header
+      if (!is_field) {
+        const auto key = mapping_key(line);
+        const auto found = key ? files.find(*key) : files.end();
+        current = found == files.end() ? nullptr : &found->second;
+        continue;
+      }
+      if (current != nullptr && line.substr(0, colon) == "Pss") {
+        for_each_field(line,
+                       [&](std::string_view, uint64_t value) { current->mapped_bytes += value; });
+      }
+    }
+  }
+
+  for (const FileKey& key : order) {
+    const HeldFile& file = files.at(key);
+    const uint64_t mapped = std::min(file.mapped_bytes, file.held_bytes);
+    SharedFileOwner& owner = result.owners[file.owner];
+    owner.num_files += 1;
+    owner.held_bytes += file.held_bytes;
+    owner.unmapped_bytes += file.held_bytes - mapped;
+    result.num_files += 1;
+    result.held_bytes += file.held_bytes;
+    result.mapped_bytes += mapped;
+    result.unmapped_bytes += file.held_bytes - mapped;
+  }
+  return result;
 }
 
 SystemMemory MemoryMonitor::read_system() const {

@@ -41,6 +41,21 @@ std::shared_ptr<SlotPool> SlotPool::create(size_t slot_bytes, size_t num_slots,
   return std::shared_ptr<SlotPool>(new SlotPool(std::move(segment), rounded, num_slots));
 }
 
+std::shared_ptr<SlotPool> SlotPool::adopt(std::shared_ptr<SharedSegment> segment, size_t slot_bytes,
+                                          size_t num_slots) {
+  if (segment == nullptr) throw InvalidArgument("cannot adopt a null segment as a slot pool");
+  if (slot_bytes == 0 || num_slots == 0) {
+    throw InvalidArgument("a slot pool needs slot_bytes and num_slots above 0, got " +
+                          std::to_string(slot_bytes) + " and " + std::to_string(num_slots));
+  }
+  if (num_slots > segment->size() / slot_bytes) {
+    throw InvalidArgument("a slot pool of " + std::to_string(num_slots) + " x " +
+                          std::to_string(slot_bytes) + " bytes does not fit segment " +
+                          segment->path() + " of " + std::to_string(segment->size()) + " bytes");
+  }
+  return std::shared_ptr<SlotPool>(new SlotPool(std::move(segment), slot_bytes, num_slots));
+}
+
 SlotPool::SlotPool(std::shared_ptr<SharedSegment> segment, size_t slot_bytes, size_t num_slots)
     : segment_(std::move(segment)),
       slot_bytes_(slot_bytes),

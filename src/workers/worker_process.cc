@@ -16,4 +16,10 @@ bool set_parent_death_signal(int signal, int expected_parent) {
   return expected_parent <= 0 || ::getppid() == expected_parent;
 }
 
+void set_process_name(const std::string& name) {
+  if (::prctl(PR_SET_NAME, name.c_str(), 0, 0, 0) != 0) {
+    throw IoError("prctl(PR_SET_NAME) failed for", "this process", errno);
+  }
+}
+
 }  // namespace leanloader

@@ -15,7 +15,7 @@ import pytest
 import leanloader as ll
 from leanloader import _core
 from leanloader.cli import main
-from leanloader.memory import BYTE_KEYS, process_tree_memory
+from leanloader.memory import BYTE_KEYS, TOTAL_KEYS, process_tree_memory
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -85,12 +85,12 @@ def within(value: int, expected: int, tolerance: float = 0.10) -> bool:
 
 def test_report_of_this_process_has_the_documented_shape():
     report = ll.memory_report()
-    assert set(report) == {"processes", "total", "system", "cgroup", "gpu"}
+    assert set(report) == {"processes", "total", "shared_files", "system", "cgroup", "gpu"}
     me = report["processes"][0]
     assert me["pid"] == os.getpid()
     assert list(me) == ["pid", "name", *BYTE_KEYS]
     assert me["pss_bytes"] > 0 and me["rss_bytes"] >= me["pss_bytes"]
-    assert list(report["total"]) == list(BYTE_KEYS)
+    assert list(report["total"]) == [*BYTE_KEYS, *TOTAL_KEYS]
     assert set(report["system"]) == {"mem_total_bytes", "mem_available_bytes"}
     assert 0 < report["system"]["mem_available_bytes"] <= report["system"]["mem_total_bytes"]
     if report["cgroup"] is not None:
@@ -119,8 +119,10 @@ def test_live_tree_anonymous_file_child_and_shared_pages(process_tree):
 
     summed = process_tree_memory(parent)
     assert summed["num_processes"] == 2
-    assert set(summed) == {*BYTE_KEYS, "unreclaimable_bytes", "num_processes"}
-    assert summed["unreclaimable_bytes"] == summed["pss_anon_bytes"] + summed["pss_shmem_bytes"]
+    assert set(summed) == {*BYTE_KEYS, *TOTAL_KEYS, "num_processes"}
+    assert summed["unreclaimable_bytes"] == (
+        summed["pss_anon_bytes"] + summed["pss_shmem_bytes"] + summed["fd_shmem_bytes"]
+    )
     assert within(summed["pss_shmem_bytes"], 64 * MIB)
 
 
@@ -206,7 +208,7 @@ def test_cli_mem_json_and_table(capsys, process_tree):
     assert main(["mem", "--pid", str(parent), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert [p["pid"] for p in report["processes"]] == [parent, child]
-    assert set(report) == {"processes", "total", "system", "cgroup", "gpu"}
+    assert set(report) == {"processes", "total", "shared_files", "system", "cgroup", "gpu"}
     assert main(["mem", "--pid", str(parent)]) == 0
     table = capsys.readouterr().out
     assert "PRIVATE" in table and "SHARED" in table and "FILE" in table
@@ -229,3 +231,28 @@ def test_cli_mem_watch_plot(tmp_path, capsys, process_tree):
 def test_cli_mem_missing_pid(capsys):
     assert main(["mem", "--pid", str(2**22 + 12345)]) == 1
     assert "no process" in capsys.readouterr().err
+
+
+def test_shared_memory_held_by_a_descriptor_is_unreclaimable():
+    # A memfd with 64 MiB allocated and mapped by no one: smaps shows nothing
+    # of it, yet it holds memory until the descriptor closes.
+    before = process_tree_memory()
+    fd = os.memfd_create("leanloader-test")
+    try:
+        os.posix_fallocate(fd, 0, 64 * MIB)
+        after = process_tree_memory()
+        assert after["fd_shmem_bytes"] - before["fd_shmem_bytes"] == 64 * MIB
+        assert after["unreclaimable_bytes"] - before["unreclaimable_bytes"] >= 60 * MIB
+        report = ll.memory_report(gpu=False)
+        held = report["shared_files"]
+        assert held["unmapped_bytes"] >= 64 * MIB
+        assert report["total"]["fd_shmem_bytes"] == held["unmapped_bytes"]
+        owner = held["owners"][0]
+        assert owner["pid"] == os.getpid() and owner["held_bytes"] >= 64 * MIB
+        from leanloader.commands.mem import format_report
+
+        table = format_report(report)
+        assert "held by descriptors" in table and f"{os.getpid():>11}" in table
+    finally:
+        os.close(fd)
+    assert process_tree_memory()["fd_shmem_bytes"] == before["fd_shmem_bytes"]

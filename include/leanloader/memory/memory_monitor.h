@@ -5,8 +5,9 @@
 // clean + dirty) and swap. Summing PSS over processes counts a shared page
 // once (the kernel already divides it among its sharers), so tree totals are
 // sums of PSS-based figures, never of RSS. "Unreclaimable" = Pss_Anon +
-// Pss_Shmem: what the OOM killer sees; Pss_File is page cache the kernel can
-// drop and is reported separately.
+// Pss_Shmem + shared memory held by the tree's descriptors and not mapped
+// (see FdSharedMemory): what the OOM killer and MemAvailable see; Pss_File
+// is page cache the kernel can drop and is reported separately.
 //
 // Limits come from where the kernel enforces them: the effective cgroup limit
 // is the smallest memory.max (v2) / memory.limit_in_bytes (v1) on the path
@@ -52,6 +53,37 @@ struct ProcessMemory {
   uint64_t unreclaimable_bytes() const { return pss_anon_bytes + pss_shmem_bytes; }
 };
 
+// Shared memory (tmpfs pages: unlinked /dev/shm files, memfds) that the
+// tree's processes hold open by file descriptor. Such a file's pages stay in
+// memory while any descriptor or mapping remains, mapped or not; smaps sees
+// only the mapped and faulted part (Pss_Shmem), so a pool of unlinked
+// segments that no process maps at a given moment is invisible to it.
+//
+// How each file is counted once: files are keyed by (device, inode) across
+// the whole tree and attributed to the first process (in tree order) holding
+// a descriptor to it. A file's held bytes are its allocated size (st_blocks x
+// 512: the pages it holds, resident or swapped). Its mapped bytes are the
+// Pss of every mapping of that inode in the tree (from /proc/PID/smaps, read
+// only for processes whose /proc/PID/maps names one of these inodes), which
+// Pss_Shmem already counts. unmapped = held - mapped (at least 0) is what
+// tree totals add to Pss_Shmem, so a page is counted once whether it is
+// mapped, mapped in part, or only held by a descriptor.
+struct SharedFileOwner {
+  int pid = 0;
+  std::string name;   // comm
+  int num_files = 0;  // files attributed to this process
+  uint64_t held_bytes = 0;
+  uint64_t unmapped_bytes = 0;  // held and not mapped by any process of the tree
+};
+
+struct FdSharedMemory {
+  int num_files = 0;
+  uint64_t held_bytes = 0;
+  uint64_t mapped_bytes = 0;            // sum over files of min(held, Pss of its mappings)
+  uint64_t unmapped_bytes = 0;          // held_bytes - mapped_bytes
+  std::vector<SharedFileOwner> owners;  // tree order; only processes owning a file
+};
+
 struct MemoryTotals {
   uint64_t rss_bytes = 0;
   uint64_t pss_bytes = 0;
@@ -60,9 +92,12 @@ struct MemoryTotals {
   uint64_t pss_shmem_bytes = 0;
   uint64_t uss_bytes = 0;
   uint64_t swap_bytes = 0;
+  // Shared memory held by the tree's descriptors and not mapped (set by
+  // MemoryMonitor::tree_totals; see FdSharedMemory).
+  uint64_t fd_shmem_bytes = 0;
   int num_processes = 0;
 
-  uint64_t unreclaimable_bytes() const { return pss_anon_bytes + pss_shmem_bytes; }
+  uint64_t unreclaimable_bytes() const { return pss_anon_bytes + pss_shmem_bytes + fd_shmem_bytes; }
   void add(const ProcessMemory& process);
 };
 
@@ -125,9 +160,15 @@ class MemoryMonitor {
   std::vector<ProcessMemory> read_processes(int pid, bool tree) const;
 
   // Sums over pid and its descendants, skipping processes that exit mid-read
-  // (num_processes says how many were counted; 0 if pid is gone). Reads only
-  // small files (stat, smaps_rollup): cheap enough to sample every 50 ms.
+  // (num_processes says how many were counted; 0 if pid is gone), with
+  // fd_shmem_bytes from fd_shared_memory(). Reads small files (stat,
+  // smaps_rollup, the fd directories; maps and smaps only of processes that
+  // map a descriptor-held file): cheap enough to sample every 50 ms.
   MemoryTotals tree_totals(int pid) const;
+
+  // Shared memory held by the descriptors of `pids` (see FdSharedMemory).
+  // Processes that exit or cannot be read (another user's) are skipped.
+  FdSharedMemory fd_shared_memory(const std::vector<int>& pids) const;
 
   // Throws IoError if /proc/meminfo cannot be read, FormatError if it lacks
   // MemTotal.

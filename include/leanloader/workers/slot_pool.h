@@ -37,6 +37,12 @@ class SlotPool : public std::enable_shared_from_this<SlotPool> {
   // SharedSegment::create.
   static std::shared_ptr<SlotPool> create(size_t slot_bytes, size_t num_slots,
                                           const std::string& dir = "");
+  // A pool over an existing segment (one a worker process created for a
+  // batch and the main process attached): num_slots slots of slot_bytes from
+  // offset 0. slot_bytes is not rounded here; it must be above 0 and
+  // num_slots x slot_bytes must fit the segment, else InvalidArgument.
+  static std::shared_ptr<SlotPool> adopt(std::shared_ptr<SharedSegment> segment, size_t slot_bytes,
+                                         size_t num_slots);
 
   // A free slot id, or nullopt when every slot is acquired or held. Never
   // blocks: the caller decides what to do when the pool is exhausted.

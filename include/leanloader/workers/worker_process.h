@@ -2,6 +2,8 @@
 // (ProcessWorkers, python/leanloader/workers.py).
 #pragma once
 
+#include <string>
+
 namespace leanloader {
 
 // Asks the kernel to send `signal` to this process when its parent dies
@@ -11,5 +13,11 @@ namespace leanloader {
 // before the call. Returns false when it already died. Throws IoError when
 // prctl fails.
 bool set_parent_death_signal(int signal, int expected_parent);
+
+// Names the calling thread (for the main thread: the process) as `ps`, `top`
+// and /proc/PID/comm show it, with prctl(PR_SET_NAME); the kernel keeps the
+// first 15 bytes. torch names its workers "pt_data_worker"; ours are
+// "ll_data_worker". Throws IoError when prctl fails.
+void set_process_name(const std::string& name);
 
 }  // namespace leanloader

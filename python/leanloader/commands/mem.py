@@ -20,7 +20,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "Per-process memory of PID and its descendants from /proc/PID/smaps_rollup: "
             "RSS, PSS, private (USS), the shared share (PSS - USS), anonymous, file-backed "
-            "(page cache) and shmem, with totals that count each shared page once; the "
+            "(page cache) and shmem, with totals that count each shared page once; shared "
+            "memory held open by descriptors (unlinked /dev/shm files, memfds), a line per "
+            "owning process, counted in unreclaimable once whether mapped or not; the "
             "system's MemTotal/MemAvailable, the cgroup's limit and usage, and GPU memory "
             "through NVML when the driver is present."
         ),
@@ -70,6 +72,26 @@ def format_report(report: dict) -> str:
     lines.append(
         "  (totals sum PSS: each shared page counted once; RSS counts it in every process)"
     )
+    total = report["total"]
+    held = report.get("shared_files")
+    if held is not None and held["num_files"]:
+        lines.append(
+            f"shared memory held by descriptors (unlinked /dev/shm files, memfds): "
+            f"{held['num_files']} file{'s' if held['num_files'] != 1 else ''}, "
+            f"{_mib(held['held_bytes'])} MiB, of which {_mib(held['unmapped_bytes'])} MiB "
+            "mapped by no process of the tree"
+        )
+        for owner in held["owners"]:
+            lines.append(
+                f"{owner['pid']:>11}  {owner['name'][:16]:<16} {owner['num_files']:>5} "
+                f"segment{'s' if owner['num_files'] != 1 else ' '} {_mib(owner['held_bytes']):>11} "
+                f"MiB held, {_mib(owner['unmapped_bytes'])} MiB not mapped"
+            )
+    if "unreclaimable_bytes" in total:
+        lines.append(
+            f"unreclaimable: {_mib(total['unreclaimable_bytes'])} MiB "
+            f"(ANON + SHMEM + {_mib(total['fd_shmem_bytes'])} MiB held by descriptors, unmapped)"
+        )
     system = report["system"]
     lines.append(
         f"system: MemTotal {_mib(system['mem_total_bytes'])} MiB, "

@@ -523,6 +523,91 @@ TEST(MemoryMonitorTest, LiveTreeIncludesChildAndCountsSharedPagesOnce) {
   EXPECT_LE(totals.unreclaimable_bytes(), (shared_bytes + private_bytes) * 12 / 10);
 }
 
+// A memfd of `bytes` with every page allocated, or -1.
+int allocated_memfd(uint64_t bytes) {
+  const int fd = ::memfd_create("leanloader-test", MFD_CLOEXEC);
+  if (fd < 0 || ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)) != 0) return -1;
+  return fd;
+}
+
+// An unlinked file in /dev/shm of `bytes` with every page allocated, or -1.
+int allocated_unlinked_shm(uint64_t bytes) {
+  char name[] = "/dev/shm/leanloader-test-XXXXXX";
+  const int fd = ::mkstemp(name);
+  if (fd < 0) return -1;
+  ::unlink(name);
+  if (::posix_fallocate(fd, 0, static_cast<off_t>(bytes)) != 0) return -1;
+  return fd;
+}
+
+TEST(MemoryMonitorTest, LiveSharedMemoryHeldByDescriptorsIsCountedOnce) {
+  const uint64_t memfd_bytes = 64 * kMiB;
+  const uint64_t shm_bytes = 32 * kMiB;
+  int grandchild_pid = 0;
+  int ids[2];
+  ASSERT_EQ(::pipe(ids), 0);
+  // Neither file is mapped by anyone: smaps shows nothing of them. The
+  // grandchild inherits both descriptors: still one copy of the memory.
+  Child parent([&] {
+    ::close(ids[0]);
+    if (allocated_memfd(memfd_bytes) < 0 || allocated_unlinked_shm(shm_bytes) < 0) ::_exit(3);
+    const Child* grandchild = new Child([] {});
+    const int id = grandchild->pid();
+    if (::write(ids[1], &id, sizeof(id)) != sizeof(id)) ::_exit(4);
+  });
+  ::close(ids[1]);
+  ASSERT_EQ(::read(ids[0], &grandchild_pid, sizeof(grandchild_pid)),
+            static_cast<ssize_t>(sizeof(grandchild_pid)));
+  ::close(ids[0]);
+
+  const MemoryMonitor monitor;
+  const FdSharedMemory held = monitor.fd_shared_memory(monitor.process_tree(parent.pid()));
+  EXPECT_EQ(held.num_files, 2);
+  EXPECT_EQ(held.held_bytes, memfd_bytes + shm_bytes);
+  EXPECT_EQ(held.mapped_bytes, 0u);
+  EXPECT_EQ(held.unmapped_bytes, memfd_bytes + shm_bytes);
+  ASSERT_EQ(held.owners.size(), 1u);  // attributed to the first holder only
+  EXPECT_EQ(held.owners[0].pid, parent.pid());
+  EXPECT_EQ(held.owners[0].num_files, 2);
+  EXPECT_EQ(held.owners[0].held_bytes, memfd_bytes + shm_bytes);
+
+  const MemoryTotals totals = monitor.tree_totals(parent.pid());
+  EXPECT_EQ(totals.num_processes, 2);
+  EXPECT_EQ(totals.fd_shmem_bytes, memfd_bytes + shm_bytes);
+  EXPECT_LT(totals.pss_shmem_bytes, 4 * kMiB);  // what smaps alone would have seen
+  EXPECT_GE(totals.unreclaimable_bytes(), memfd_bytes + shm_bytes);
+}
+
+TEST(MemoryMonitorTest, LiveMappedPartOfAHeldFileIsNotCountedTwice) {
+  const uint64_t bytes = 64 * kMiB;
+  // The child maps the first half of the memfd and touches it: that half is
+  // in Pss_Shmem, the other half only held by the descriptor.
+  Child child([&] {
+    const int fd = allocated_memfd(bytes);
+    if (fd < 0) ::_exit(3);
+    void* half = ::mmap(nullptr, bytes / 2, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (half == MAP_FAILED) ::_exit(3);
+    touch_pages(static_cast<char*>(half), bytes / 2, true);
+  });
+  const MemoryMonitor monitor;
+  const FdSharedMemory held = monitor.fd_shared_memory({child.pid()});
+  EXPECT_EQ(held.held_bytes, bytes);
+  EXPECT_TRUE(within_ten_percent(held.mapped_bytes, bytes / 2));
+  EXPECT_EQ(held.mapped_bytes + held.unmapped_bytes, bytes);
+  const MemoryTotals totals = monitor.tree_totals(child.pid());
+  EXPECT_TRUE(within_ten_percent(totals.pss_shmem_bytes, bytes / 2));
+  // Mapped half + unmapped half = the file once, plus the process's own anon.
+  EXPECT_GE(totals.pss_shmem_bytes + totals.fd_shmem_bytes, bytes);
+  EXPECT_LE(totals.pss_shmem_bytes + totals.fd_shmem_bytes, bytes + 2 * kMiB);
+}
+
+TEST(MemoryMonitorTest, FakeTreesHaveNoDescriptorHeldMemory) {
+  const MemoryMonitor monitor(MemoryPaths{"/nonexistent-root"});
+  const FdSharedMemory held = monitor.fd_shared_memory({1, 2});
+  EXPECT_EQ(held.num_files, 0);
+  EXPECT_TRUE(held.owners.empty());
+}
+
 TEST(MemoryMonitorTest, LiveMachineReadings) {
   const MemoryMonitor monitor;
   const SystemMemory system = monitor.read_system();

@@ -165,6 +165,28 @@ TEST(SlotPoolTest, HeldSlotKeepsPoolAlive) {
   SUCCEED();
 }
 
+TEST(SlotPoolTest, AdoptWrapsASegmentAnotherProcessCreated) {
+  // A worker creates a segment sized to its batch; the main process attaches
+  // it through /proc and adopts it as a one-slot pool that recycles.
+  auto created = SharedSegment::create(3 * 4096);
+  const char message[] = "batch bytes";
+  created->write(0, message, sizeof(message));
+  auto attached = SharedSegment::attach(created->attach_path());
+  auto pool = SlotPool::adopt(attached, attached->size(), 1);
+  EXPECT_EQ(pool->slot_bytes(), 3u * 4096u);
+  auto slot = pool->acquire();
+  ASSERT_TRUE(slot.has_value());
+  EXPECT_FALSE(pool->acquire().has_value());
+  {
+    auto held = pool->hold(*slot);
+    EXPECT_EQ(std::memcmp(held->data(), message, sizeof(message)), 0);
+  }
+  EXPECT_EQ(pool->slots_in_use(), 0u);
+  EXPECT_THROW(SlotPool::adopt(attached, 4096, 4), InvalidArgument);  // 4 pages > 3
+  EXPECT_THROW(SlotPool::adopt(attached, 0, 1), InvalidArgument);
+  EXPECT_THROW(SlotPool::adopt(nullptr, 4096, 1), InvalidArgument);
+}
+
 TEST(SlotPoolTest, ZeroSizesAreRejected) {
   EXPECT_THROW(SlotPool::create(0, 2), InvalidArgument);
   EXPECT_THROW(SlotPool::create(10, 0), InvalidArgument);
