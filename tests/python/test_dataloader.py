@@ -34,6 +34,7 @@ from torch.utils.data import (  # noqa: E402
 
 import leanloader as ll  # noqa: E402
 from leanloader import _core  # noqa: E402
+from leanloader.memory import process_tree_memory  # noqa: E402
 
 # --- datasets -------------------------------------------------------------------------------
 
@@ -335,12 +336,86 @@ def test_batches_arrive_in_slots_without_copies_and_slots_recycle():
     batches = [next(iterator) for _ in range(10)]
     later = batches[-1]["x"]
     assert _core.find_shared_segment(later.data_ptr()) is not None  # views the slot
-    pool = iterator._pool
-    held = pool.slots_in_use
+    pools = [kept.pool for kept in iterator._retained]
+    held = sum(pool.slots_in_use for pool in pools)
     del batches, later
-    assert pool.slots_in_use < held  # dropping batches gave their slots back
+    assert sum(pool.slots_in_use for pool in pools) < held  # dropping batches freed slots
     rest = list(iterator)
     assert len(rest) == 6
+    loader.close()
+
+
+class Blocks(Dataset):
+    """Samples of 256 KiB: a batch of 8 is 2 MiB."""
+
+    def __len__(self) -> int:
+        return 96
+
+    def __getitem__(self, i: int):
+        return torch.full((65536,), float(i)), i
+
+
+def _batch_segments(batch) -> set:
+    segment = _core.find_shared_segment(batch[0].data_ptr())
+    assert segment is not None, "the batch did not arrive in a shared segment"
+    return {os.fstat(segment.fd).st_ino}
+
+
+def test_batch_memory_is_planned_like_the_loaders_slots():
+    # prefetch 2 x 2 workers in flight + 1 held by the consumer = 5 segments,
+    # each the size of the batch actually produced (2 MiB of blocks + 64 bytes
+    # of indices, page-rounded).
+    loader = ll.DataLoader(Blocks(), batch_size=8, num_workers=2, persistent_workers=True)
+    batch_bytes = 8 * 65536 * 4 + 4096
+    iterator = iter(loader)
+    inodes: set = set()
+    seen = 0
+    for batch in iterator:
+        # Every batch, the first ones included, comes in a shared segment,
+        # never pickled through the pipe while a pool is being prepared.
+        inodes |= _batch_segments(batch)
+        assert torch.equal(batch[1], torch.arange(seen * 8, seen * 8 + 8))
+        assert torch.equal(batch[0][:, 0], batch[1].float())
+        seen += 1
+        retained = iterator._retained
+        assert len(retained) <= 2 * 2 + 1
+        assert all(kept.pool.slot_bytes == batch_bytes for kept in retained)
+    assert seen == 12
+    # A plain loop recycles: no new segment per batch once the pool is full
+    # (a few extra when a worker wrote before a slot came back).
+    assert len(inodes) <= 8, inodes
+    # Between epochs nothing is kept (torch holds nothing there either).
+    assert iterator._retained == []
+    assert len(list(loader)) == 12  # the next epoch builds them again
+    loader.close()
+
+
+def test_hoarded_batches_stay_in_segments_and_are_freed_when_dropped():
+    loader = ll.DataLoader(Blocks(), batch_size=8, num_workers=2)
+    iterator = iter(loader)
+    before = process_tree_memory()["fd_shmem_bytes"] + process_tree_memory()["pss_shmem_bytes"]
+    hoard = [next(iterator) for _ in range(10)]  # twice the pool's size
+    for batch in hoard:
+        _batch_segments(batch)
+    assert len(iterator._retained) <= 5
+    assert len({next(iter(_batch_segments(b))) for b in hoard}) == 10
+    # The segments are counted as the tree's memory, mapped or not.
+    report = ll.memory_report(gpu=False)
+    assert report["shared_files"]["held_bytes"] >= 10 * 8 * 65536 * 4
+    held = process_tree_memory()
+    assert held["fd_shmem_bytes"] + held["pss_shmem_bytes"] - before >= 9 * 8 * 65536 * 4
+    del hoard, batch
+    rest = list(iterator)
+    assert len(rest) == 2
+    loader.close()
+
+
+def test_workers_are_named_for_ps_and_top():
+    loader = ll.DataLoader(Squares(16), batch_size=4, num_workers=2, persistent_workers=True)
+    iterator = iter(loader)
+    next(iterator)
+    names = [open(f"/proc/{w.pid}/comm").read().strip() for w in iterator._workers]
+    assert names == ["ll_data_worker", "ll_data_worker"]
     loader.close()
 
 

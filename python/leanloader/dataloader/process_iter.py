@@ -11,7 +11,6 @@ import os
 import pickle
 import signal
 import time
-import warnings
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +19,7 @@ if TYPE_CHECKING:
 
 from leanloader import _core
 from leanloader.dataloader.worker import (
+    WAIT_FOR_SLOT,
     rebuild_error,
     segment_reference,
     unpack_batch,
@@ -30,10 +30,15 @@ from leanloader.dataloader.worker import (
 POLL_S = 0.1
 # A dead worker is reported within this time when timeout is 0.
 DEATH_REPORT_S = 5.0
-# Slots beyond the prefetch depth, for batches the user keeps alive.
-EXTRA_SLOTS = 4
-# A slot is this much larger than the largest batch seen (batches vary).
-SLOT_HEADROOM = 1.25
+
+
+class _Retained:
+    """A batch segment kept for reuse, and the id workers cache it under."""
+
+    __slots__ = ("pool", "pool_id")
+
+    def __init__(self, pool: Any, pool_id: int) -> None:
+        self.pool, self.pool_id = pool, pool_id
 
 
 class _Dead(Exception):
@@ -68,11 +73,24 @@ class ProcessIterator:
             torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item()
         )
         self._epoch = 0
-        # (epoch, task) -> (pool, slot) for tasks sent with a slot.
+        # Batch segments, planned like ll.Loader's slots: one shared segment
+        # per batch, created by the worker that produced the batch and sized
+        # to it, adopted here as a one-slot SlotPool and recycled. At most
+        # prefetch_factor x workers (in flight) + 1 (held by the consumer) are
+        # kept for reuse, and no more bytes than memory_budget when the loader
+        # has one; a segment beyond that is freed when its batch is dropped.
+        self._retained: list[Any] = []
+        self._retain_cap = self._prefetch * self._num_workers + 1
+        budget = getattr(loader, "memory_budget", None)
+        self._retain_budget = budget if isinstance(budget, int) and budget > 0 else None
+        # (epoch, task) -> (pool, slot) for tasks offered a retained segment.
         self._task_slot: dict[tuple[int, int], tuple[Any, int]] = {}
-        self._pool: Any = None
+        # task -> worker for tasks of this epoch not yet offered a segment.
+        self._unoffered: dict[int, int] = {}
+        # Tasks of this epoch whose worker makes the segment (the pool is
+        # still growing): they count towards the planned number of segments.
+        self._creating: set[int] = set()
         self._pool_id = 0
-        self._slot_warned = False
         self._shutdown = False
         self._workers: list[Any] = []
         self._task_conns: list[Any] = []
@@ -93,6 +111,7 @@ class ProcessIterator:
                 name=f"leanloader-worker-{worker_id}",
             )  # fmt: skip
             process.start()
+            task_write.send(("config", {"shm_dir": loader.shm_dir}))
             task_read.close()
             result_write.close()
             self._workers.append(process)
@@ -130,6 +149,8 @@ class ProcessIterator:
         self._workers_status = [True] * self._num_workers
         self._workers_num_tasks = [0] * self._num_workers
         self._worker_cycle = itertools.cycle(range(self._num_workers))
+        self._unoffered = {}
+        self._creating = set()
         for _ in range(self._prefetch * self._num_workers):
             self._try_put_index()
 
@@ -153,23 +174,15 @@ class ProcessIterator:
                     break
         else:
             return
-        slot = None
-        if self._pool is not None:
-            slot_id = self._pool.acquire()
-            if slot_id is None:
-                if not self._slot_warned:
-                    self._slot_warned = True
-                    warnings.warn(
-                        f"all {self._pool.num_slots} shared-memory batch slots are held by "
-                        "batches still alive; further batches are copied through the pipe "
-                        "until some are dropped",
-                        stacklevel=4,
-                    )
+        slot = self._take_slot(self._send_idx)
+        if slot is None:
+            self._unoffered[self._send_idx] = worker
+            if self._pool_full():
+                # The pool is as large as planned: the worker waits a moment
+                # for a segment the consumer drops before it makes another.
+                slot = WAIT_FOR_SLOT
             else:
-                pool = self._pool
-                self._task_slot[(self._epoch, self._send_idx)] = (pool, slot_id)
-                slot = (self._pool_id, segment_reference(pool.segment), slot_id,
-                        pool.slot_bytes, pool.slot_offset(slot_id))  # fmt: skip
+                self._creating.add(self._send_idx)
         self._task_conns[worker].send(("fetch", self._epoch, self._send_idx, index, slot))
         self._task_info[self._send_idx] = (worker,)
         self._task_index[self._send_idx] = index
@@ -181,6 +194,10 @@ class ProcessIterator:
         if self._shutdown:
             raise RuntimeError("this DataLoader iterator was shut down after an error")
         try:
+            # Segments the consumer dropped since the last call go to tasks
+            # sent while none was free (the worker takes the offer if it has
+            # not written its batch yet, else it made its own segment).
+            self._offer_slots()
             return self._next_data()
         except StopIteration:
             raise
@@ -205,6 +222,8 @@ class ProcessIterator:
             else:
                 if not self._persistent:
                     self.shutdown()
+                else:
+                    self._release_retained()
                 raise StopIteration
             if len(self._task_info[self._rcvd_idx]) == 2:
                 worker, data = self._task_info.pop(self._rcvd_idx)
@@ -249,7 +268,7 @@ class ProcessIterator:
                     except (EOFError, OSError):
                         self._check_workers(grace=True)
                         continue
-                    result = self._accept(message)
+                    result = self._accept(message, conns[item])
                     if result is not None:
                         return result
             if any(item in sentinels for item in ready):
@@ -260,11 +279,17 @@ class ProcessIterator:
                     f"{self._rcvd_idx} from worker {self._task_info.get(self._rcvd_idx, ('?',))[0]}"
                 )
 
-    def _accept(self, message: tuple) -> tuple[int, Any] | None:
+    def _accept(self, message: tuple, worker: int) -> tuple[int, Any] | None:
         kind, epoch, task = message[0], message[1], message[2]
+        if epoch == self._epoch:
+            self._unoffered.pop(task, None)
+            self._creating.discard(task)
         if epoch != self._epoch:
-            # A result of an epoch the user left early: its slot goes back.
+            # A result of an epoch the user left early: its slot goes back,
+            # and a segment the worker made for it is let go.
             self._drop_slot(task, epoch)
+            if kind == "batch" and message[3][0] == "segment":
+                self._send(worker, ("close", message[3][1][1]))
             return None
         if kind == "stop":
             self._drop_slot(task)
@@ -276,26 +301,102 @@ class ProcessIterator:
         if payload[0] == "slot":
             pool, slot = self._task_slot.pop((epoch, task))
             return task, unpack_batch(payload[3], pool.hold(slot))
+        if payload[0] == "segment":
+            # The worker wrote into a segment of its own (no segment was free
+            # when the task was sent, or the offered one was too small).
+            _, (owner, fd, inode), size, template = payload
+            offered = self._task_slot.pop((epoch, task), None)
+            try:
+                segment = _core.SharedSegment.attach(f"/proc/{owner}/fd/{fd}")
+            finally:
+                self._send(worker, ("close", fd))  # the worker's descriptor goes
+            if os.fstat(segment.fd).st_ino != inode:
+                raise _Dead(f"leanloader DataLoader worker {worker} (pid {owner}) sent a batch "
+                            "segment that is gone")  # fmt: skip
+            pool = _core.SlotPool.adopt(segment, size, 1)
+            if offered is not None:
+                offered[0].release(offered[1])
+                if offered[0].slot_bytes < size:
+                    self._forget(offered[0])  # too small for these batches
+            self._retain(pool)
+            slot = pool.acquire()
+            return task, unpack_batch(template, pool.hold(slot))
         self._drop_slot(task)
-        needed = payload[2]
-        data = pickle.loads(payload[1])
-        self._grow_pool(needed)
-        return task, data
+        return task, pickle.loads(payload[1])
 
     def _drop_slot(self, task: int, epoch: int | None = None) -> None:
         held = self._task_slot.pop((self._epoch if epoch is None else epoch, task), None)
         if held is not None:
             held[0].release(held[1])
 
-    def _grow_pool(self, needed: int) -> None:
-        if needed <= 0 or (self._pool is not None and needed <= self._pool.slot_bytes):
+    # --- batch segments ------------------------------------------------------------
+
+    def _send(self, worker: int, message: tuple) -> None:
+        try:
+            self._task_conns[worker].send(message)
+        except (OSError, ValueError):
+            pass  # a dead worker is reported by _check_workers
+
+    def _retain(self, pool: Any) -> None:
+        """Keeps `pool` for reuse when the cap and the budget allow; else it
+        is freed once its batch is dropped."""
+        if len(self._retained) >= self._retain_cap:
             return
-        slot_bytes = int(needed * SLOT_HEADROOM)
-        if self._pool is not None:
-            slot_bytes = max(slot_bytes, 2 * self._pool.slot_bytes)
-        num_slots = self._prefetch * self._num_workers + EXTRA_SLOTS
-        self._pool = _core.SlotPool.create(slot_bytes, num_slots, self._loader.shm_dir)
+        if self._retain_budget is not None:
+            held = sum(p.slot_bytes for p in self._retained)
+            if held + pool.slot_bytes > self._retain_budget:
+                return
         self._pool_id += 1
+        self._retained.append(_Retained(pool, self._pool_id))
+
+    def _forget(self, pool: Any) -> None:
+        """Stops reusing `pool`; the workers unmap it."""
+        for kept in self._retained:
+            if kept.pool is pool:
+                self._retained.remove(kept)
+                for worker in range(self._num_workers):
+                    self._send(worker, ("forget", kept.pool_id))
+                return
+
+    def _pool_full(self) -> bool:
+        """Whether the segments kept and being made reach the plan."""
+        planned = len(self._retained) + len(self._creating)
+        if planned >= self._retain_cap:
+            return True
+        if self._retain_budget is None or not self._retained:
+            return False
+        largest = max(kept.pool.slot_bytes for kept in self._retained)
+        held = sum(kept.pool.slot_bytes for kept in self._retained)
+        return held + largest * (len(self._creating) + 1) > self._retain_budget
+
+    def _take_slot(self, task: int) -> tuple | None:
+        """A free retained segment for `task`, as the worker needs it, or
+        None. Prefers the smallest that holds the last batch."""
+        free = [kept for kept in self._retained if kept.pool.slots_in_use == 0]
+        if not free:
+            return None
+        kept = min(free, key=lambda k: k.pool.slot_bytes)
+        pool = kept.pool
+        slot_id = pool.acquire()
+        if slot_id is None:
+            return None
+        self._task_slot[(self._epoch, task)] = (pool, slot_id)
+        return (kept.pool_id, segment_reference(pool.segment), slot_id, pool.slot_bytes,
+                pool.slot_offset(slot_id))  # fmt: skip
+
+    def _offer_slots(self) -> None:
+        for task, worker in list(self._unoffered.items()):
+            slot = self._take_slot(task)
+            if slot is None:
+                return
+            del self._unoffered[task]
+            self._send(worker, ("offer", self._epoch, task, slot))
+
+    def _release_retained(self) -> None:
+        """Frees the segments kept for reuse (those still viewed by a batch
+        are freed when it is dropped), as torch holds nothing between epochs."""
+        for kept in list(self._retained):
+            self._forget(kept.pool)
 
     def _check_workers(self, grace: bool) -> None:
         for worker_id, process in enumerate(self._workers):
@@ -343,7 +444,8 @@ class ProcessIterator:
         for conn in (*self._task_conns, *self._result_conns):
             conn.close()
         self._release_pending()
-        self._pool = None
+        self._retained = []
+        self._unoffered = {}
 
     def __del__(self) -> None:
         try:

@@ -7,17 +7,26 @@ own pipe:
     ("fetch", epoch, task, index, slot)  ->  ("batch", epoch, task, payload)
                                              ("stop", epoch, task)   # iterable exhausted
                                              ("error", epoch, task, error info)
+    ("offer", epoch, task, slot)             # a slot for a task sent without one
+    ("close", fd)                            # the main process attached our segment
+    ("forget", pool_id)                      # the main process no longer reuses a slot
+    ("config", options)                      # once, first: {"shm_dir": ...}
     ("resume", epoch)                        # persistent workers: a new epoch
     None                                     # shut down
 
-``slot`` names a batch slot of the main process's SlotPool (or is None); the
-worker copies every tensor / array of the collated batch into that slot of
-its own mapping and sends only a template of the batch (offsets, dtypes,
-shapes). Batches whose leaves are not all numeric arrays (strings, Python
-objects in a custom collate's output stay in the template and are pickled
-with it), batches that do not fit the slot, and tasks sent with no slot go
-through the pipe pickled (``payload[0] == "pickle"``), with the byte count the
-slot pool needs so that the main process can size or grow it.
+Batch memory (planned like ll.Loader's slots, see process_iter.py): the
+collated batch's tensors / arrays go into shared memory and only a template
+(offsets, dtypes, shapes) goes through the pipe. ``slot`` names a batch
+segment the main process keeps for reuse (or is None); before writing, the
+worker reads the offers that arrived meanwhile. With a slot that fits, it
+copies the batch there (``payload[0] == "slot"``); otherwise it creates a
+segment of its own sized to the batch, writes it and sends its reference
+(``payload[0] == "segment"``); the main process attaches and adopts it, then
+sends "close" so that the worker drops its descriptor. So the first batches
+never wait for a pool and never travel pickled. Only batches with no numeric
+array at all go through the pipe pickled (``payload[0] == "pickle"``); other
+leaves (strings, Python objects of a custom collate's output) stay in the
+template and are pickled with it.
 
 Large arrays of the dataset arrive as references to shared segments of the
 main process (see ``rebuild_array`` / ``rebuild_tensor``), attached through
@@ -27,17 +36,28 @@ main process (see ``rebuild_array`` / ``rebuild_tensor``), attached through
 from __future__ import annotations
 
 import atexit
+import collections
 import os
 import pickle
 import random
 import signal
 import sys
+import time
 import traceback
 from typing import Any
 
 from leanloader import _core
 
 ALIGNMENT = 64
+# Batch segments are whole pages.
+PAGE = 4096
+# A task's slot when the main process's pool is full: before making a segment
+# of its own, the worker waits up to WAIT_FOR_SLOT_S for the main process to
+# offer one that the consumer dropped (as ll.Loader's workers wait 100 ms).
+WAIT_FOR_SLOT = "wait"
+WAIT_FOR_SLOT_S = 0.1
+# What ps and top show for a worker (torch's are "pt_data_worker").
+WORKER_NAME = "ll_data_worker"
 
 # numpy dtype.str -> safetensors name, for arrays that slots and shared
 # segments can hold.
@@ -320,6 +340,11 @@ def worker_main(
     # Ctrl-C goes to the whole process group; the main process handles it and
     # shuts the workers down, so a worker must not die of it mid-write.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # As torch names its workers pt_data_worker: visible in ps and top.
+    try:
+        _core.set_process_name(WORKER_NAME)
+    except OSError:
+        pass
     if not _core.set_parent_death_signal(signal.SIGKILL, parent_pid):
         os._exit(0)  # the main process is already gone
     where = f"leanloader DataLoader worker {worker_id} (pid {os.getpid()})"
@@ -357,12 +382,18 @@ def worker_main(
     except Exception as error:
         init_error = describe_error(error, where + " while starting")
 
-    segments: dict[int, Any] = {}
+    slots = _BatchMemory()
+    pending: collections.deque = collections.deque()
     while True:
-        try:
-            message = tasks.recv()
-        except (EOFError, OSError):
-            break  # the main process closed the pipe or died
+        if pending:
+            message = pending.popleft()
+        else:
+            try:
+                message = tasks.recv()
+            except (EOFError, OSError):
+                break  # the main process closed the pipe or died
+            if slots.control(message):
+                continue
         if message is None:
             break
         if message[0] == "resume":
@@ -385,7 +416,11 @@ def worker_main(
             results.send(("error", epoch, task, describe_error(error, where)))
             continue
         try:
-            payload = _payload(batch, slot, segments, torch_names)
+            slots.drain(tasks, pending)  # offers that came while fetching
+            if slot == WAIT_FOR_SLOT:
+                slot = slots.wait_for_offer(tasks, pending, epoch, task)
+            slot = slots.slot_for(epoch, task, slot)
+            payload = slots.payload(batch, slot, torch_names)
             del batch
         except Exception as error:
             results.send(("error", epoch, task, describe_error(error, where)))
@@ -411,15 +446,86 @@ def _outside_worker_info(collate: Any, torch_worker: Any) -> Any:
     return collate_here
 
 
-def _payload(batch: Any, slot: Any, segments: dict[int, Any], torch_names: dict) -> tuple:
-    template, copies, needed = plan_batch(batch, torch_names)
-    if slot is not None and 0 < needed <= slot[3]:
-        pool_id, reference, slot_id, _slot_bytes, slot_offset = slot
-        segment = segments.get(pool_id)
-        if segment is None:
-            segments.clear()  # pools only grow: older ones are no longer used
-            segment = segments[pool_id] = attach_segment(*reference)
+class _BatchMemory:
+    """A worker's side of the batch memory: offers of the main process's
+    segments, segments of the main process mapped here (by pool id), and
+    segments this worker created until the main process has attached them."""
+
+    def __init__(self) -> None:
+        self.shm_dir: str | None = None
+        self.offers: dict[tuple[int, int], tuple] = {}
+        self.attached: dict[int, Any] = {}
+        self.created: dict[int, Any] = {}
+        self.last_task = (-1, -1)
+
+    def control(self, message: Any) -> bool:
+        """Handles a control message; False for fetch / resume / None."""
+        if message is None:
+            return False
+        kind = message[0]
+        if kind == "offer":
+            if (message[1], message[2]) > self.last_task:
+                self.offers[(message[1], message[2])] = message[3]
+        elif kind == "close":
+            self.created.pop(message[1], None)
+        elif kind == "forget":
+            self.attached.pop(message[1], None)
+        elif kind == "config":
+            self.shm_dir = message[1].get("shm_dir")
+        else:
+            return False
+        return True
+
+    def drain(self, tasks: Any, pending: collections.deque) -> None:
+        """Reads what the main process sent so far without waiting."""
+        try:
+            while tasks.poll():
+                message = tasks.recv()
+                if not self.control(message):
+                    pending.append(message)
+        except (EOFError, OSError):
+            pass  # the next recv reports it
+
+    def wait_for_offer(self, tasks: Any, pending: collections.deque, epoch: int, task: int) -> Any:
+        """The offer for (epoch, task) if one comes within WAIT_FOR_SLOT_S."""
+        deadline = time.monotonic() + WAIT_FOR_SLOT_S
+        while (epoch, task) not in self.offers:
+            left = deadline - time.monotonic()
+            try:
+                if left <= 0 or not tasks.poll(left):
+                    break
+                message = tasks.recv()
+            except (EOFError, OSError):
+                break
+            if not self.control(message):
+                pending.append(message)
+        return None
+
+    def slot_for(self, epoch: int, task: int, slot: Any) -> Any:
+        self.last_task = (epoch, task)
+        offered = self.offers.pop((epoch, task), None)
+        for key in [key for key in self.offers if key < self.last_task]:
+            del self.offers[key]
+        return slot if slot is not None else offered
+
+    def payload(self, batch: Any, slot: Any, torch_names: dict) -> tuple:
+        template, copies, needed = plan_batch(batch, torch_names)
+        if needed == 0:
+            return ("pickle", pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL), 0)
+        if slot is not None and needed <= slot[3]:
+            pool_id, (owner, fd, inode), slot_id, _slot_bytes, slot_offset = slot
+            segment = self.attached.get(pool_id)
+            if segment is None:
+                segment = _core.SharedSegment.attach(f"/proc/{owner}/fd/{fd}")
+                if os.fstat(segment.fd).st_ino != inode:
+                    raise RuntimeError(f"batch slot /proc/{owner}/fd/{fd} was replaced")
+                self.attached[pool_id] = segment
+            for offset, array in copies:
+                segment.write(slot_offset + offset, array)
+            return ("slot", pool_id, slot_id, template)
+        size = (needed + PAGE - 1) // PAGE * PAGE
+        segment = _core.SharedSegment.create(size, self.shm_dir)
         for offset, array in copies:
-            segment.write(slot_offset + offset, array)
-        return ("slot", pool_id, slot_id, template)
-    return ("pickle", pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL), needed)
+            segment.write(offset, array)
+        self.created[int(segment.fd)] = segment
+        return ("segment", segment_reference(segment), size, template)
