@@ -38,9 +38,10 @@ def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str
 def quick_report(tmp_path_factory: pytest.TempPathFactory) -> dict:
     pytest.importorskip("torch")
     data_dir = tmp_path_factory.mktemp("bench-data")
+    # 3 rounds x 3 loaders x 2 passes (timing, memory): 18 child processes.
     completed = run_cli(
         "bench", "arrays", "--quick", "--json", "--data-dir", str(data_dir),
-        "--set", f"rows={TINY_ROWS}", "--set", "epochs=2",
+        "--set", f"rows={TINY_ROWS}", "--set", "epochs=2", timeout=400,
     )  # fmt: skip
     assert completed.returncode == 0, completed.stderr
     return json.loads(completed.stdout)
@@ -73,6 +74,8 @@ def test_every_loader_reports_every_figure(quick_report: dict) -> None:
             "samples_per_s",
             "first_batch_s",
             "peak_unreclaimable_bytes",
+            "steady_unreclaimable_bytes",
+            "startup_peak_unreclaimable_bytes",
             "peak_pss_bytes",
             "cpu_s_per_1k_samples",
             "bytes_per_s",
@@ -82,6 +85,8 @@ def test_every_loader_reports_every_figure(quick_report: dict) -> None:
             value = result[figure]
             assert math.isfinite(value) and value > 0, (result["loader"], figure, value)
         assert result["peak_pss_bytes"] >= result["peak_unreclaimable_bytes"]
+        assert result["steady_unreclaimable_bytes"] <= result["peak_unreclaimable_bytes"]
+        assert result["startup_peak_unreclaimable_bytes"] <= result["peak_unreclaimable_bytes"]
         assert 0 < result["start_unreclaimable_bytes"] <= result["peak_unreclaimable_bytes"]
     # The torch baselines run worker processes and the sampler sees them.
     assert results["torch"]["peak_processes"] >= 3
@@ -108,10 +113,21 @@ def test_ratios_divide_the_medians(quick_report: dict) -> None:
         assert ratios["cpu_s_per_1k_samples"] > 0
 
 
-def test_loaders_alternate_for_at_least_three_rounds(quick_report: dict) -> None:
+def test_loader_order_rotates_each_round(quick_report: dict) -> None:
     rounds = quick_report["rounds"]
     assert len(rounds) >= 3
-    assert all(order == ["leanloader", "torch", "torch-forkserver"] for order in rounds)
+    runs = ["leanloader", "torch", "torch-forkserver"]
+    for index, order in enumerate(rounds):
+        shift = index % len(runs)
+        assert order == runs[shift:] + runs[:shift]
+
+
+def test_loader_names_are_unique_in_json(quick_report: dict) -> None:
+    names = [result["loader"] for result in quick_report["results"]]
+    assert len(names) == len(set(names)) == 3
+    families = {result["loader"]: result["family"] for result in quick_report["results"]}
+    assert families == {"leanloader": "leanloader", "torch": "torch",
+                        "torch-forkserver": "torch"}  # fmt: skip
 
 
 def test_goals_are_checked(quick_report: dict) -> None:
@@ -122,7 +138,42 @@ def test_goals_are_checked(quick_report: dict) -> None:
         "first_batch_s",
         "fraction_of_memcpy",
     }
-    assert all(isinstance(goal["met"], bool) for goal in goals.values())
+    results = _by_key(quick_report)
+    for goal in goals.values():
+        if "/" in goal["of"]:
+            value = quick_report["ratios"][goal["of"]][goal["figure"]]
+        else:
+            value = results[goal["of"]][goal["figure"]]
+        assert goal["value"] == pytest.approx(value)
+        expected = (goal["at_least"] is None or value >= goal["at_least"]) and (
+            goal["at_most"] is None or value <= goal["at_most"]
+        )
+        assert goal["met"] is expected
+
+
+def test_the_consumer_reads_every_byte() -> None:
+    import numpy as np
+
+    from leanloader.bench.child import _read_every_byte, touch_batch
+
+    assert _read_every_byte(np.array([[1, 2], [3, 250]], dtype=np.uint8)) == 256
+    # float32 1.0 is bytes 00 00 80 3f: every byte of every element is summed.
+    assert _read_every_byte(np.ones((3, 5), dtype=np.float32)[:, ::2]) == 9 * (0x80 + 0x3F)
+    batch = {"a": np.zeros((4, 3), dtype=np.int64), "b": [np.ones(2, dtype=np.uint8)]}
+    assert touch_batch(batch) == (4, 4 * 3 * 8 + 2)
+    torch = pytest.importorskip("torch")
+    assert _read_every_byte(torch.ones(6, dtype=torch.float32)[::2]) == 3 * (0x80 + 0x3F)
+
+
+def test_memory_phases_split_start_up_from_steady_state() -> None:
+    sampler = harness.TreeMemorySampler(os.getpid())
+    # Start-up peaks at 900 (a one-time move into shared memory), then the
+    # epoch runs at 300-320.
+    sampler.timeline = [(1.0, 100), (2.0, 900), (3.0, 300), (4.0, 320), (5.0, 310), (6.0, 50)]
+    phases = sampler.phases(first_batch_wall=2.5, last_batch_wall=5.5)
+    assert phases == {"startup_peak_unreclaimable_bytes": 900, "steady_unreclaimable_bytes": 310}
+    # A run shorter than a sampling interval gets the closest sample.
+    assert sampler.phases(4.1, 4.2)["steady_unreclaimable_bytes"] == 320
 
 
 def test_data_is_generated_once_and_reused(tmp_path: Path) -> None:
@@ -237,32 +288,45 @@ def test_pydataset_ratios_carry_the_marginal_cost_of_a_worker():
 
     mib = 2**20
 
-    def row(loader, workers, peak, rate, first):
+    def row(family, workers, steady, startup, rate, first, records="shared"):
+        suffix = "" if records == "shared" else "-list"
         return {
-            "loader": loader,
+            "loader": f"{family}{suffix}-{workers}",
+            "family": family,
             "workers": workers,
-            "peak_unreclaimable_bytes": peak * mib,
+            "records": records,
+            "steady_unreclaimable_bytes": steady * mib,
+            "startup_peak_unreclaimable_bytes": startup * mib,
+            "peak_unreclaimable_bytes": max(steady, startup) * mib,
             "samples_per_s": rate,
             "first_batch_s": first,
         }
 
     results = [
-        row("leanloader", 1, 500, 900, 1.0),
-        row("leanloader", 2, 520, 1000, 1.0),
-        row("leanloader", 4, 560, 1100, 1.2),
-        row("torch", 1, 900, 400, 2.0),
-        row("torch", 2, 1300, 500, 4.0),
-        row("torch", 4, 2100, 500, 8.0),
+        row("leanloader", 1, 300, 500, 900, 1.0),
+        row("leanloader", 2, 320, 500, 1000, 1.0),
+        row("leanloader", 4, 360, 500, 1100, 1.2),
+        row("torch", 1, 900, 900, 400, 2.0),
+        row("torch", 2, 1300, 1300, 500, 4.0),
+        row("torch", 4, 2100, 2100, 500, 8.0),
+        # The plain-list rows do not enter the slopes.
+        row("leanloader", 2, 5000, 5000, 10, 9.0, records="list"),
+        row("torch", 2, 100, 100, 10, 9.0, records="list"),
     ]
     ratios = pydataset.derive_ratios(results)["leanloader/torch"]
     assert set(ratios) == {
         "marginal_unreclaimable_per_worker",
+        "marginal_startup_peak_per_worker",
+        "steady_unreclaimable_bytes",
         "peak_unreclaimable_bytes",
         "samples_per_s",
         "first_batch_s",
     }
+    # Steady state: 20 MiB per worker against 400; the start-up peak is flat.
     assert ratios["marginal_unreclaimable_per_worker"] == pytest.approx(20 / 400)
-    assert ratios["peak_unreclaimable_bytes"] == pytest.approx(520 / 1300)
+    assert ratios["marginal_startup_peak_per_worker"] == pytest.approx(0.0)
+    assert ratios["steady_unreclaimable_bytes"] == pytest.approx(320 / 1300)
+    assert ratios["peak_unreclaimable_bytes"] == pytest.approx(500 / 1300)
     assert ratios["samples_per_s"] == pytest.approx(2.0)
     assert ratios["first_batch_s"] == pytest.approx(0.25)
     assert pydataset.derive_ratios(results[:3]) == {}  # no baseline: nothing to divide

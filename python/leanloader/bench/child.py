@@ -16,11 +16,19 @@ Definitions (the harness quotes medians of these over rounds):
   that is not the loader's.
 - cpu_s: user + system CPU of this process and its reaped children (worker
   processes) from loader construction until the loader has shut down.
+- first_batch_wall, last_batch_wall: time.time() of the first and the last
+  batch in hand, so that the parent's memory samples can be split into
+  start-up and steady state.
+
+The consumer reads every byte of every batch (``touch_batch``), for every
+loader alike. A run's ``setup`` (work both sides do before timing, such as
+loading an in-RAM cache) runs before the timer starts.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import multiprocessing
@@ -36,10 +44,11 @@ from leanloader.bench.scenarios import LoaderContext, get_scenario
 
 
 def touch_batch(batch: Any) -> tuple[int, int]:
-    """Reads the last element of every array in `batch`, so that a loader that
-    defers work until the data is read cannot look faster than it is. Returns
-    (samples, bytes): the leading dimension of the first array and the bytes of
-    all arrays."""
+    """Reads every byte of every array in `batch` (a sum over its bytes), so
+    that a loader that defers work until the data is read cannot look faster
+    than it is, and every loader's batches are read alike. Returns (samples,
+    bytes): the leading dimension of the first array and the bytes of all
+    arrays."""
     samples = 0
     total_bytes = 0
     for array in _arrays_in(batch):
@@ -47,8 +56,20 @@ def touch_batch(batch: Any) -> tuple[int, int]:
             samples = int(array.shape[0])
         total_bytes += int(array.nbytes)
         if array.nbytes:
-            array.reshape(-1)[-1].item()
+            _read_every_byte(array)
     return samples, total_bytes
+
+
+def _read_every_byte(array: Any) -> int:
+    if hasattr(array, "untyped_storage"):  # a torch tensor
+        import torch
+
+        flat = array.detach().contiguous().reshape(-1)
+        return int(flat.view(torch.uint8).sum(dtype=torch.int64).item())
+    import numpy as np
+
+    flat = np.ascontiguousarray(array).reshape(-1)
+    return int(flat.view(np.uint8).sum(dtype=np.uint64))
 
 
 def _arrays_in(batch: Any) -> Iterator[Any]:
@@ -92,19 +113,23 @@ def run_loader(scenario_name: str, run_key: str, params: dict[str, Any]) -> dict
         options=params["options"],
         seed=int(params["seed"]),
     )
+    if run.setup is not None:
+        context = dataclasses.replace(context, prepared=run.setup(context))
     memory_at_start = _core.process_tree_memory(os.getpid())
 
     cpu_start = cpu_seconds()
     start = time.perf_counter()
-    first_batch_at = last_batch_at = 0.0
+    first_batch_at = last_batch_at = first_batch_wall = last_batch_wall = 0.0
     batches = samples = total_bytes = 0
     first_samples = first_bytes = 0
     for batch in run.function(context):
         batch_samples, batch_bytes = touch_batch(batch)
         del batch  # lets a loader reuse the batch's memory before the next one
         last_batch_at = time.perf_counter()
+        last_batch_wall = time.time()
         if batches == 0:
             first_batch_at = last_batch_at
+            first_batch_wall = last_batch_wall
             first_samples, first_bytes = batch_samples, batch_bytes
         batches += 1
         samples += batch_samples
@@ -131,6 +156,8 @@ def run_loader(scenario_name: str, run_key: str, params: dict[str, Any]) -> dict
         "samples": samples,
         "bytes": total_bytes,
         "first_batch_s": first_batch_at - start,
+        "first_batch_wall": first_batch_wall,
+        "last_batch_wall": last_batch_wall,
         "run_s": last_batch_at - start,
         "samples_per_s": steady_samples / steady_s,
         "bytes_per_s": steady_bytes / steady_s,

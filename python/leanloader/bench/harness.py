@@ -1,13 +1,23 @@
 """Side-by-side benchmark harness: runs a scenario's loaders and compares them.
 
 Each loader runs in its own child process (``python -m leanloader.bench.child``),
-one after the other in alternation (A, B, A, B, … for at least 3 rounds), so
-that drift of the shared host affects every loader alike. While a child runs, a
-sampler thread here reads the memory of its whole process tree every 50 ms
-(``leanloader._core.process_tree_memory``: PSS from smaps_rollup, summed over
-the child and its workers) and keeps the peaks. Each round also measures this
-machine's memcpy bandwidth with the loader's thread count, the ceiling for
-batch assembly. Reported figures are medians over rounds; ratios divide them.
+one after the other, for at least 3 rounds; the order rotates by one loader
+each round (A B C, B C A, C A B, …), so that neither drift of the shared host
+nor running first favours a loader. Each round runs every loader twice:
+
+- a timing pass with no memory sampler (reading ``smaps`` of a process tree
+  costs milliseconds per process and slows some loaders more than others):
+  samples/s, time to first batch and CPU come from it;
+- a memory pass, while a sampler thread here reads the memory of the child's
+  whole process tree every 50 ms (``leanloader._core.process_tree_memory``:
+  Pss_Anon + Pss_Shmem + shared memory held by descriptors and not mapped,
+  summed over the child and its workers): the memory figures come from it.
+
+Memory is reported as the peak, the start-up peak (before the first batch),
+and the steady state: the median over the samples taken between the first
+and the last batch. Each round also measures this machine's memcpy bandwidth
+with the loader's thread count, the ceiling for batch assembly. Reported
+figures are medians over rounds; ratios divide them.
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -39,20 +50,31 @@ PEAK_KEYS = {
     "peak_pss_anon_bytes": "pss_anon_bytes",
     "peak_pss_shmem_bytes": "pss_shmem_bytes",
     "peak_pss_file_bytes": "pss_file_bytes",
+    "peak_fd_shmem_bytes": "fd_shmem_bytes",
     "peak_rss_bytes": "rss_bytes",
     "peak_processes": "num_processes",
 }
 
-# Figures whose median over rounds is reported (from the child or the sampler).
-MEDIAN_FIGURES = (
+# Figures of the timing pass (no sampler running).
+TIMING_FIGURES = (
     "samples_per_s",
     "first_batch_s",
-    *PEAK_KEYS,
-    "start_unreclaimable_bytes",
-    "loader_unreclaimable_bytes",
     "cpu_s_per_1k_samples",
     "bytes_per_s",
 )
+
+# Figures of the memory pass (the sampler running).
+MEMORY_FIGURES = (
+    *PEAK_KEYS,
+    "start_unreclaimable_bytes",
+    "loader_unreclaimable_bytes",
+    "startup_peak_unreclaimable_bytes",
+    "steady_unreclaimable_bytes",
+    "loader_steady_unreclaimable_bytes",
+)
+
+# Figures whose median over rounds is reported.
+MEDIAN_FIGURES = (*TIMING_FIGURES, *MEMORY_FIGURES)
 
 # Figures that every ratio numerator/denominator is given for.
 RATIO_FIGURES = (
@@ -60,6 +82,8 @@ RATIO_FIGURES = (
     "first_batch_s",
     "peak_unreclaimable_bytes",
     "loader_unreclaimable_bytes",
+    "steady_unreclaimable_bytes",
+    "startup_peak_unreclaimable_bytes",
     "peak_pss_bytes",
     "cpu_s_per_1k_samples",
 )
@@ -89,9 +113,12 @@ def run_scenario(
     data_dir: Path | None = None,
     size_overrides: Mapping[str, Any] | None = None,
     progress: Progress = _quiet,
+    separate_passes: bool = True,
 ) -> dict[str, Any]:
-    """Runs every available loader of `scenario` `rounds` times, alternating,
-    and returns the report (the JSON that `leanloader bench --json` prints)."""
+    """Runs every available loader of `scenario` `rounds` times, order rotated,
+    and returns the report (the JSON that `leanloader bench --json` prints).
+    With `separate_passes` False (`leanloader demo`: half the time), each
+    round runs a loader once, its memory sampled while it is timed."""
     if rounds < MIN_ROUNDS:
         raise ValueError(f"rounds must be at least {MIN_ROUNDS}, got {rounds}")
     if size_name not in scenario.sizes:
@@ -124,8 +151,14 @@ def run_scenario(
         for threads, measurements in memcpy_by_threads.items():
             measurements.append(_measure_memcpy(threads))
         order.append([])
-        for run in runs:
-            figures = run_child(scenario.name, run, params)
+        shift = round_index % len(runs)
+        for run in runs[shift:] + runs[:shift]:
+            memory = run_child(scenario.name, run, params, sample=True)
+            timing = (
+                run_child(scenario.name, run, params, sample=False) if separate_passes else memory
+            )
+            figures = {**memory, **{key: timing[key] for key in TIMING_FIGURES}}
+            figures["samples"] = timing["samples"]
             figures_by_run[run.run_key].append(figures)
             order[-1].append(run.run_key)
             progress(
@@ -139,7 +172,8 @@ def run_scenario(
     for run in runs:
         rows = figures_by_run[run.run_key]
         memcpy = statistics.median(memcpy_by_threads[run.threads])
-        result: dict[str, Any] = {"loader": run.name}
+        # "loader" is unique among the rows; "family" names the loader itself.
+        result: dict[str, Any] = {"loader": run.run_key, "family": run.name}
         if run.run_key != run.name:
             result["key"] = run.run_key
         result.update({key: run.options[key] for key in run.row_options})
@@ -164,13 +198,17 @@ def run_scenario(
         "ratios": ratios,
         "goals": _check_goals(scenario.goals, results, ratios),
         "rounds": order,
+        "separate_passes": separate_passes,
         "skipped": skipped,
     }
 
 
-def run_child(scenario_name: str, run: LoaderRun, params: Mapping[str, Any]) -> dict[str, Any]:
-    """Runs `run` once in a child process while sampling its tree's memory.
-    Returns the child's figures plus the memory peaks."""
+def run_child(
+    scenario_name: str, run: LoaderRun, params: Mapping[str, Any], *, sample: bool = True
+) -> dict[str, Any]:
+    """Runs `run` once in a child process, sampling its tree's memory when
+    `sample`. Returns the child's figures, plus the memory figures when
+    sampled (the peaks, the start-up peak and the steady-state median)."""
     command = [
         sys.executable,
         "-m",
@@ -194,7 +232,8 @@ def run_child(scenario_name: str, run: LoaderRun, params: Mapping[str, Any]) -> 
         text=True,
     )
     sampler = TreeMemorySampler(child.pid)
-    sampler.start()
+    if sample:
+        sampler.start()
     try:
         stdout, stderr = child.communicate(timeout=CHILD_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -205,17 +244,24 @@ def run_child(scenario_name: str, run: LoaderRun, params: Mapping[str, Any]) -> 
         _stop_session(child)
         raise
     finally:
-        sampler.stop()
+        if sample:
+            sampler.stop()
     if child.returncode != 0 or not stdout.strip():
         tail = "\n".join(stderr.strip().splitlines()[-20:])
         raise BenchError(f"{run.run_key} failed (exit status {child.returncode}):\n{tail}")
     figures = json.loads(stdout.strip().splitlines()[-1])
+    if not sample:
+        return figures
     if sampler.samples == 0:
         raise BenchError(f"{run.run_key}: no memory sample was taken while it ran")
     figures.update(sampler.peaks)
-    # The loader's own share: the peak above what the process held before it.
-    figures["loader_unreclaimable_bytes"] = max(
-        0, figures["peak_unreclaimable_bytes"] - figures["start_unreclaimable_bytes"]
+    figures.update(sampler.phases(figures["first_batch_wall"], figures["last_batch_wall"]))
+    # The loader's own share: the peak (and the steady state) above what the
+    # process held before it.
+    start = figures["start_unreclaimable_bytes"]
+    figures["loader_unreclaimable_bytes"] = max(0, figures["peak_unreclaimable_bytes"] - start)
+    figures["loader_steady_unreclaimable_bytes"] = max(
+        0, figures["steady_unreclaimable_bytes"] - start
     )
     return figures
 
@@ -244,6 +290,8 @@ class TreeMemorySampler:
         self._thread = threading.Thread(target=self._sample_until_stopped, daemon=True)
         self.peaks = dict.fromkeys(PEAK_KEYS, 0)
         self.samples = 0
+        # (time.time(), unreclaimable bytes) of every sample.
+        self.timeline: list[tuple[float, int]] = []
 
     def start(self) -> None:
         self._thread.start()
@@ -266,8 +314,24 @@ class TreeMemorySampler:
         if memory.get("num_processes", 1) == 0:
             return
         self.samples += 1
+        self.timeline.append((time.time(), int(memory["unreclaimable_bytes"])))
         for peak, key in PEAK_KEYS.items():
             self.peaks[peak] = max(self.peaks[peak], int(memory[key]))
+
+    def phases(self, first_batch_wall: float, last_batch_wall: float) -> dict[str, int]:
+        """The start-up peak (samples before the first batch) and the steady
+        state (median of the samples from the first batch to the last) of
+        unreclaimable memory. A run too short to be sampled in steady state
+        gets the sample closest to its first batch."""
+        startup = [value for at, value in self.timeline if at < first_batch_wall]
+        steady = [value for at, value in self.timeline if first_batch_wall <= at <= last_batch_wall]
+        if not steady:
+            closest = min(self.timeline, key=lambda sample: abs(sample[0] - first_batch_wall))
+            steady = [closest[1]]
+        return {
+            "startup_peak_unreclaimable_bytes": max(startup) if startup else steady[0],
+            "steady_unreclaimable_bytes": int(statistics.median(steady)),
+        }
 
 
 def _child_environment() -> dict[str, str]:
@@ -351,15 +415,22 @@ def format_report(report: Mapping[str, Any]) -> str:
         f"machine: {machine['cpu_model']}, {machine['cpu_cores_usable']} cores, "
         f"{format_bytes(memory) if memory else '? memory'}, {machine['kernel']}, "
         f"Python {machine['python']}, numpy {machine['numpy']}, torch {machine['torch']}",
-        f"rounds: {len(report['rounds'])}, alternating "
+        f"rounds: {len(report['rounds'])}, order rotated each round (first: "
         + ", ".join(report["rounds"][0])
-        + "; medians",
+        + (
+            "); each a timing pass without the memory sampler and a memory pass with it; "
+            if report.get("separate_passes", True)
+            else "); one pass each, memory sampled while timed; "
+        )
+        + "medians",
         "",
     ]
     header = (
         "loader",
         "samples/s",
         "first batch",
+        "steady unreclaimable",
+        "start-up peak",
         "peak unreclaimable",
         "above start",
         "peak PSS",
@@ -374,6 +445,8 @@ def format_report(report: Mapping[str, Any]) -> str:
                 result.get("key", result["loader"]),
                 f"{result['samples_per_s']:,.0f}",
                 f"{result['first_batch_s']:.3f} s",
+                format_bytes(result["steady_unreclaimable_bytes"]),
+                format_bytes(result["startup_peak_unreclaimable_bytes"]),
                 format_bytes(result["peak_unreclaimable_bytes"]),
                 format_bytes(result["loader_unreclaimable_bytes"]),
                 format_bytes(result["peak_pss_bytes"]),
@@ -382,24 +455,38 @@ def format_report(report: Mapping[str, Any]) -> str:
                 f"{result['fraction_of_memcpy']:.0%} of {result['memcpy_bytes_per_s'] / 1e9:.1f}",
             )
         )
+    derived: list[str] = []
     for name, figures in report["ratios"].items():
+
+        def ratio(figure: str, figures: Mapping[str, float] = figures) -> str:
+            value = figures.get(figure)
+            return "" if value is None else f"{value:.2f}×"
+
         table.append(
             (
                 name,
-                f"{figures['samples_per_s']:.2f}×",
-                f"{figures['first_batch_s']:.2f}×",
-                f"{figures['peak_unreclaimable_bytes']:.2f}×",
-                f"{figures['loader_unreclaimable_bytes']:.2f}×",
-                f"{figures['peak_pss_bytes']:.2f}×",
-                f"{figures['cpu_s_per_1k_samples']:.2f}×",
+                ratio("samples_per_s"),
+                ratio("first_batch_s"),
+                ratio("steady_unreclaimable_bytes"),
+                ratio("startup_peak_unreclaimable_bytes"),
+                ratio("peak_unreclaimable_bytes"),
+                ratio("loader_unreclaimable_bytes"),
+                ratio("peak_pss_bytes"),
+                ratio("cpu_s_per_1k_samples"),
                 "",
                 "",
             )
         )
+        for figure, value in figures.items():
+            if figure not in RATIO_FIGURES:
+                derived.append(f"{name} {figure}: {value:.3f}")
     lines.extend(format_table(table))
+    lines.extend(derived)
     lines.append(
-        "unreclaimable = Pss_Anon + Pss_Shmem over the process tree; "
-        "above start = the peak minus the tree after imports, before the loader"
+        "unreclaimable = Pss_Anon + Pss_Shmem + shared memory held by descriptors and not "
+        "mapped, over the process tree; steady = median from the first batch to the last; "
+        "start-up peak = before the first batch; above start = the peak minus the tree "
+        "after imports, before the loader"
     )
     for skipped in report["skipped"]:
         lines.append(f"skipped {skipped['loader']}: {skipped['reason']}")

@@ -23,10 +23,14 @@ def add_parser(subparsers: Any) -> None:
         "bench",
         help="compare leanloader with a baseline loader, side by side",
         description=(
-            "Runs each loader of SCENARIO in its own process, alternating, for at least "
-            f"{MIN_ROUNDS} rounds, and reports medians: samples/s, time to first batch, peak "
-            "unreclaimable memory and peak PSS of the process tree, CPU seconds per 1,000 "
-            "samples, and leanloader's throughput as a fraction of this machine's memcpy."
+            "Runs each loader of SCENARIO in its own process, the order rotated each round, "
+            f"for at least {MIN_ROUNDS} rounds; each round a timing pass (no memory sampler) "
+            "and a memory pass (the process tree sampled every 50 ms). Reports medians: "
+            "samples/s, time to first batch and CPU seconds per 1,000 samples from the timing "
+            "pass; steady-state (median over the epoch), start-up peak and peak unreclaimable "
+            "memory (Pss_Anon + Pss_Shmem + shared memory held by descriptors) and peak PSS "
+            "from the memory pass; and leanloader's throughput as a fraction of this "
+            "machine's memcpy."
         ),
     )
     parser.add_argument("scenario", choices=scenario_names(), help="what to load")

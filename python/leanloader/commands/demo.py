@@ -98,6 +98,7 @@ def _run(scenario: Any, folder: Path, overrides: dict[str, Any], progress: Any) 
         data_dir=folder,
         size_overrides=overrides,
         progress=progress,
+        separate_passes=False,  # a demo: one pass per loader and round
     )
 
 

@@ -42,6 +42,8 @@ class LoaderContext:
     data: Mapping[str, Any]  # what the scenario's prepare() returned (paths, shapes)
     options: Mapping[str, Any]  # this LoaderRun's options
     seed: int  # shuffling seed; the same for every loader and round
+    # What the run's `setup` returned (built before the timer starts), or None.
+    prepared: Any = None
 
 
 # A loader function builds its loader (inside the generator, so that
@@ -74,6 +76,10 @@ class LoaderRun:
     # the child's command line) when one loader runs in several configurations,
     # e.g. "torch-4" for the torch run with 4 workers. Defaults to the name.
     key: str = ""
+    # Work done in the child before the timer starts, alike for every loader
+    # that needs it (e.g. loading an in-RAM cache, as the leanloader side's
+    # cache is built untimed by prepare()): setup(context) -> context.prepared.
+    setup: Callable[[LoaderContext], Any] | None = None
 
     @property
     def run_key(self) -> str:
