@@ -65,7 +65,8 @@ struct ProcessMemory {
 // 512: the pages it holds, resident or swapped). Its mapped bytes are the
 // Pss of every mapping of that inode in the tree (from /proc/PID/smaps, read
 // only for processes whose /proc/PID/maps names one of these inodes), which
-// Pss_Shmem already counts. unmapped = held - mapped (at least 0) is what
+// Pss_Shmem already counts (Pss covers the pages present in a page table:
+// a mapping never touched has none). unmapped = held - mapped (at least 0) is what
 // tree totals add to Pss_Shmem, so a page is counted once whether it is
 // mapped, mapped in part, or only held by a descriptor.
 struct SharedFileOwner {

@@ -79,18 +79,18 @@ def format_report(report: dict) -> str:
             f"shared memory held by descriptors (unlinked /dev/shm files, memfds): "
             f"{held['num_files']} file{'s' if held['num_files'] != 1 else ''}, "
             f"{_mib(held['held_bytes'])} MiB, of which {_mib(held['unmapped_bytes'])} MiB "
-            "mapped by no process of the tree"
+            "in no page table of the tree (not in SHMEM)"
         )
         for owner in held["owners"]:
             lines.append(
                 f"{owner['pid']:>11}  {owner['name'][:16]:<16} {owner['num_files']:>5} "
                 f"segment{'s' if owner['num_files'] != 1 else ' '} {_mib(owner['held_bytes']):>11} "
-                f"MiB held, {_mib(owner['unmapped_bytes'])} MiB not mapped"
+                f"MiB held, {_mib(owner['unmapped_bytes'])} MiB not in SHMEM"
             )
     if "unreclaimable_bytes" in total:
         lines.append(
             f"unreclaimable: {_mib(total['unreclaimable_bytes'])} MiB "
-            f"(ANON + SHMEM + {_mib(total['fd_shmem_bytes'])} MiB held by descriptors, unmapped)"
+            f"(ANON + SHMEM + {_mib(total['fd_shmem_bytes'])} MiB held by descriptors only)"
         )
     system = report["system"]
     lines.append(
