@@ -390,6 +390,20 @@ def test_batch_memory_is_planned_like_the_loaders_slots():
     loader.close()
 
 
+def test_kept_segments_stay_within_the_memory_budget():
+    loader = ll.DataLoader(Blocks(), batch_size=8, num_workers=2, persistent_workers=True)
+    segment_bytes = 8 * 65536 * 4 + 4096
+    loader.memory_budget = 2 * segment_bytes  # read by the process iterator
+    iterator = iter(loader)
+    count = 0
+    for batch in iterator:
+        _batch_segments(batch)  # still no batch through the pipe
+        assert sum(kept.pool.slot_bytes for kept in iterator._retained) <= 2 * segment_bytes
+        count += 1
+    assert count == 12
+    loader.close()
+
+
 def test_hoarded_batches_stay_in_segments_and_are_freed_when_dropped():
     loader = ll.DataLoader(Blocks(), batch_size=8, num_workers=2)
     iterator = iter(loader)

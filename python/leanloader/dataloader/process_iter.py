@@ -343,7 +343,7 @@ class ProcessIterator:
         if len(self._retained) >= self._retain_cap:
             return
         if self._retain_budget is not None:
-            held = sum(p.slot_bytes for p in self._retained)
+            held = sum(kept.pool.slot_bytes for kept in self._retained)
             if held + pool.slot_bytes > self._retain_budget:
                 return
         self._pool_id += 1
