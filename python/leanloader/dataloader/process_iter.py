@@ -370,8 +370,9 @@ class ProcessIterator:
         return held + largest * (len(self._creating) + 1) > self._retain_budget
 
     def _take_slot(self, task: int) -> tuple | None:
-        """A free retained segment for `task`, as the worker needs it, or
-        None. Prefers the smallest that holds the last batch."""
+        """The smallest free kept segment for `task`, as the worker needs it,
+        or None. A worker whose batch does not fit makes its own, and the
+        main process stops keeping the one that was too small."""
         free = [kept for kept in self._retained if kept.pool.slots_in_use == 0]
         if not free:
             return None
