@@ -113,7 +113,7 @@ void bind_loader(nb::module_& m) {
              uint64_t seed, int num_threads, int prefetch, std::optional<size_t> memory_budget,
              bool drop_last, const std::string& on_error, double max_skip_fraction,
              const std::string& collate, std::optional<size_t> pressure_threshold, uint64_t rank,
-             uint64_t world_size) {
+             uint64_t world_size, bool follow_updates) {
             LoaderOptions options;
             options.batch_size = batch_size;
             options.shuffle = shuffle;
@@ -128,13 +128,14 @@ void bind_loader(nb::module_& m) {
             options.pressure_threshold = pressure_threshold;
             options.rank = rank;
             options.world_size = world_size;
+            options.follow_updates = follow_updates;
             new (self) Loader(std::move(source), options);
           },
           nb::arg("source"), nb::arg("batch_size"), nb::arg("shuffle"), nb::arg("seed"),
           nb::arg("num_threads"), nb::arg("prefetch"), nb::arg("memory_budget").none(),
           nb::arg("drop_last"), nb::arg("on_error"), nb::arg("max_skip_fraction"),
           nb::arg("collate"), nb::arg("pressure_threshold").none() = nb::none(),
-          nb::arg("rank") = 0, nb::arg("world_size") = 1)
+          nb::arg("rank") = 0, nb::arg("world_size") = 1, nb::arg("follow_updates") = true)
       .def("__len__", &Loader::num_batches)
       .def("set_epoch", &Loader::set_epoch, nb::arg("epoch"))
       .def_prop_ro("epoch", &Loader::epoch)

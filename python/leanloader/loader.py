@@ -77,6 +77,12 @@ class Loader:
 
     ``state_dict()``/``load_state_dict()``: save and resume the position
     (epoch, global samples consumed) in O(1) time and space.
+
+    ``follow_updates``: a source that can change (a ``TensorCache`` rebuilt
+    with more entries) is read through immutable snapshots, one per epoch.
+    ``True`` (default): each epoch starts on the source's current contents;
+    ``len()`` changes then, and the epoch's first batch warns once.
+    ``False``: the loader keeps reading the snapshot it was made with.
     """
 
     def __init__(
@@ -96,6 +102,7 @@ class Loader:
         pressure_threshold: int | str | None = None,
         rank: int | None = None,
         world_size: int | None = None,
+        follow_updates: bool = True,
     ) -> None:
         self.source = as_source(source)
         self.output = output or _default_output()
@@ -120,6 +127,7 @@ class Loader:
             pressure_threshold=_budget_bytes(pressure_threshold),
             rank=self.rank,
             world_size=self.world_size,
+            follow_updates=follow_updates,
         )
         self.last_indices: list[int] = []
 

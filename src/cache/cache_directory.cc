@@ -90,11 +90,17 @@ CacheLock::~CacheLock() {
 CacheLock CacheLock::open_shared(const std::string& directory, bool cleanup,
                                  std::vector<std::string>* removed) {
   const std::string path = join_path(directory, ".lock");
-  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
-  if (fd < 0) fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
   if (fd < 0) {
-    if (errno == EACCES || errno == EROFS || errno == ENOENT) return CacheLock();
-    throw IoError("cannot open lock file", path, errno);
+    // On a read-only file system no process can delete a shard, so there is
+    // nothing to lock against. Anywhere else a reader without the lock could
+    // have its shards cleaned up under it: an error, never silently unlocked.
+    if (errno == EROFS) return CacheLock();
+    throw IoError(
+        "cannot open the cache's lock file for writing (every reader and writer holds it so "
+        "that no clean-up deletes shards in use; make the directory writable, or open the "
+        "cache where it is)",
+        path, errno);
   }
   CacheLock lock(fd);
   if (cleanup) {

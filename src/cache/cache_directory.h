@@ -51,8 +51,9 @@ class CacheLock {
   CacheLock() = default;
   // Takes a shared lock, after an opportunistic exclusive one for clean-up
   // when `cleanup` is set; `removed` (optional) receives the names cleaned.
-  // When the directory is read-only and has no lock file, runs unlocked and
-  // without clean-up.
+  // Throws IoError when "<directory>/.lock" cannot be opened for writing
+  // (created if missing), except on a read-only file system, where no
+  // process can delete anything: there it runs unlocked and without clean-up.
   static CacheLock open_shared(const std::string& directory, bool cleanup,
                                std::vector<std::string>* removed);
   ~CacheLock();

@@ -81,13 +81,28 @@ std::vector<CacheTensorRecord> records_of(const SafetensorsHeader& header) {
 }  // namespace
 
 // One consistent view of the cache: the manifest (or folder) as read at one
-// moment, and the shards mapped from it. Immutable except for the lazily
-// filled shard table, which its own mutex guards.
-struct TensorCache::State {
+// moment, and the shards mapped from it; the snapshot a Loader reads (a
+// Source of its own). Immutable except for the lazily filled shard table,
+// which its own mutex guards. Holds the directory's shared lock, so the
+// shards it may still map are never cleaned up by another process.
+class TensorCache::State final : public Source {
+ public:
+  int64_t size() const override { return static_cast<int64_t>(manifest.entries.size()); }
+  const std::vector<FieldSpec>& fields() const override { return field_list; }
+  void read_sample(int64_t index, SampleWriter& writer) const override;
+  std::string describe() const override {
+    return std::string(layout == Layout::kSharded ? "TensorCache(" : "TensorCache(per-sample ") +
+           path + ")";
+  }
+  std::string sample_location(int64_t index) const override;
+  size_t estimated_sample_bytes() const override { return sample_bytes; }
+
+  std::string path;  // as the user gave it
+  std::shared_ptr<const detail::CacheLock> lock;
   Layout layout = Layout::kSharded;
   std::string directory;
   CacheManifest manifest;
-  std::vector<FieldSpec> fields;
+  std::vector<FieldSpec> field_list;
   std::vector<std::string> entry_errors;  // per-sample layout: why a file failed ("" = fine)
   std::vector<std::vector<size_t>> shard_entries;  // shard -> entry indices
   std::unordered_map<std::string, int64_t> key_index;
@@ -130,30 +145,31 @@ std::shared_ptr<TensorCache> TensorCache::open(const std::string& path, bool cle
 
 TensorCache::TensorCache(const std::string& path, bool cleanup) : path_(path) {
   state_ = load_state(cleanup);
-  fields_ = state_->fields;
+  field_lists_.push_back(std::make_shared<const std::vector<FieldSpec>>(state_->field_list));
 }
 
 void TensorCache::reload() {
   std::shared_ptr<const State> next = load_state(false);
   std::lock_guard<std::mutex> guard(state_mutex_);
+  const std::vector<FieldSpec>& fields = *field_lists_.back();
   if (!state_->manifest.entries.empty() && !next->manifest.entries.empty()) {
-    bool same = next->fields.size() == fields_.size();
-    for (size_t f = 0; same && f < fields_.size(); ++f) {
-      same = next->fields[f].name == fields_[f].name && next->fields[f].dtype == fields_[f].dtype;
+    bool same = next->field_list.size() == fields.size();
+    for (size_t f = 0; same && f < fields.size(); ++f) {
+      same = next->field_list[f].name == fields[f].name &&
+             next->field_list[f].dtype == fields[f].dtype;
     }
     if (!same) {
       throw InvalidArgument("'" + path_ +
                             "': the cache's tensor names or dtypes changed; open it again");
     }
   }
-  // Names and dtypes are the same; shapes may have become variable. Not
-  // synchronised with fields() callers: reload() is not called while another
-  // thread constructs a Loader over this cache.
-  if (next->fields.size() == fields_.size() || fields_.empty()) {
-    bool changed = fields_.empty() && !next->fields.empty();
-    for (size_t f = 0; !changed && f < fields_.size(); ++f)
-      changed = fields_[f].shape != next->fields[f].shape;
-    if (changed) fields_ = next->fields;
+  // Names and dtypes are the same; shapes may have become variable. The old
+  // list stays alive: fields() references handed out before remain valid.
+  bool changed = next->field_list.size() != fields.size();
+  for (size_t f = 0; !changed && f < fields.size(); ++f)
+    changed = fields[f].shape != next->field_list[f].shape;
+  if (changed && !next->field_list.empty()) {
+    field_lists_.push_back(std::make_shared<const std::vector<FieldSpec>>(next->field_list));
   }
   state_ = std::move(next);
 }
@@ -163,22 +179,29 @@ std::shared_ptr<const TensorCache::State> TensorCache::state() const {
   return state_;
 }
 
+std::shared_ptr<const Source> TensorCache::snapshot() const { return state(); }
+
+const std::vector<FieldSpec>& TensorCache::fields() const {
+  std::lock_guard<std::mutex> guard(state_mutex_);
+  return *field_lists_.back();
+}
+
 std::shared_ptr<const TensorCache::State> TensorCache::load_state(bool cleanup) {
   struct stat st {};
   if (::stat(path_.c_str(), &st) != 0) throw IoError("cannot open cache", path_, errno);
   auto state = std::make_shared<State>();
+  state->path = path_;
   if (S_ISREG(st.st_mode)) {
     const size_t slash = path_.find_last_of('/');
-    directory_ = slash == std::string::npos ? "." : path_.substr(0, std::max<size_t>(slash, 1));
-    state->directory = directory_;
+    state->directory =
+        slash == std::string::npos ? "." : path_.substr(0, std::max<size_t>(slash, 1));
     state->load_per_sample({slash == std::string::npos ? path_ : path_.substr(slash + 1)});
     return state;
   }
   if (!S_ISDIR(st.st_mode)) {
     throw InvalidArgument("'" + path_ + "' is neither a cache directory nor a .safetensors file");
   }
-  directory_ = path_;
-  state->directory = directory_;
+  state->directory = path_;
   const std::string manifest_path = detail::join_path(path_, std::string(kCacheManifestName));
   if (::stat(manifest_path.c_str(), &st) != 0) {
     std::vector<std::string> files;
@@ -193,10 +216,15 @@ std::shared_ptr<const TensorCache::State> TensorCache::load_state(bool cleanup) 
     }
   }
   state->layout = Layout::kSharded;
+  // The lock is taken once (load_state runs in the constructor, then under
+  // reload(), which one caller at a time may run) and shared by every
+  // snapshot: the directory's shared lock stays held while any snapshot
+  // lives.
   if (!lock_) {
-    lock_ = std::make_unique<detail::CacheLock>(
-        detail::CacheLock::open_shared(directory_, cleanup, &removed_));
+    lock_ = std::make_shared<const detail::CacheLock>(
+        detail::CacheLock::open_shared(path_, cleanup, &removed_));
   }
+  state->lock = lock_;
   if (::stat(manifest_path.c_str(), &st) == 0) state->manifest = read_cache_manifest(manifest_path);
   state->derive_fields(manifest_path);
   state->index_shards();
@@ -221,19 +249,20 @@ void TensorCache::State::derive_fields(const std::string& manifest_path) {
   for (size_t e = 0; e < entries.size(); ++e) key_index.emplace(entries[e].key, e);
   if (entries.empty()) return;
   for (const CacheTensorRecord& t : entries.front().tensors) {
-    fields.push_back({t.name, t.dtype, t.shape});
+    field_list.push_back({t.name, t.dtype, t.shape});
   }
   size_t total = 0;
   for (size_t e = 0; e < entries.size(); ++e) {
     CacheEntry& entry = entries[e];
-    if (!order_like_fields(entry.tensors, fields)) {
+    if (!order_like_fields(entry.tensors, field_list)) {
       throw FormatError("'" + manifest_path + "': entry " + std::to_string(e) + " (key '" +
                         entry.key + "') has tensors " + describe_tensors(entry.tensors) +
-                        " but the first entry has " + describe_fields(fields) +
+                        " but the first entry has " + describe_fields(field_list) +
                         " (every entry needs the same names and dtypes)");
     }
-    for (size_t f = 0; f < fields.size(); ++f) {
-      if (fields[f].shape && *fields[f].shape != entry.tensors[f].shape) fields[f].shape.reset();
+    for (size_t f = 0; f < field_list.size(); ++f) {
+      if (field_list[f].shape && *field_list[f].shape != entry.tensors[f].shape)
+        field_list[f].shape.reset();
       total += entry.tensors[f].nbytes;
     }
   }
@@ -256,18 +285,18 @@ void TensorCache::State::load_per_sample(std::vector<std::string> names) {
       const detail::File file(file_path);
       shard.bytes = file.size();
       entry.tensors = records_of(read_header(file));
-      if (fields.empty()) {
+      if (field_list.empty()) {
         for (const CacheTensorRecord& t : entry.tensors)
-          fields.push_back({t.name, t.dtype, t.shape});
+          field_list.push_back({t.name, t.dtype, t.shape});
       }
-      if (!order_like_fields(entry.tensors, fields)) {
+      if (!order_like_fields(entry.tensors, field_list)) {
         entry_errors[i] = "'" + file_path + "': has tensors " + describe_tensors(entry.tensors) +
-                          " but the folder's first valid file has " + describe_fields(fields);
+                          " but the folder's first valid file has " + describe_fields(field_list);
         entry.tensors.clear();
       } else {
-        for (size_t f = 0; f < fields.size(); ++f) {
-          if (fields[f].shape && *fields[f].shape != entry.tensors[f].shape)
-            fields[f].shape.reset();
+        for (size_t f = 0; f < field_list.size(); ++f) {
+          if (field_list[f].shape && *field_list[f].shape != entry.tensors[f].shape)
+            field_list[f].shape.reset();
           total += entry.tensors[f].nbytes;
         }
         ++good;
@@ -286,7 +315,7 @@ void TensorCache::State::load_per_sample(std::vector<std::string> names) {
   sample_bytes = good == 0 ? 0 : (total + good - 1) / good;
 }
 
-int64_t TensorCache::size() const { return static_cast<int64_t>(state()->manifest.entries.size()); }
+int64_t TensorCache::size() const { return state()->size(); }
 size_t TensorCache::estimated_sample_bytes() const { return state()->sample_bytes; }
 TensorCache::Layout TensorCache::layout() const { return state()->layout; }
 std::shared_ptr<const CacheManifest> TensorCache::manifest() const {
@@ -294,21 +323,21 @@ std::shared_ptr<const CacheManifest> TensorCache::manifest() const {
   return std::shared_ptr<const CacheManifest>(s, &s->manifest);
 }
 
-std::string TensorCache::describe() const {
-  return std::string(layout() == Layout::kSharded ? "TensorCache(" : "TensorCache(per-sample ") +
-         path_ + ")";
-}
+std::string TensorCache::describe() const { return state()->describe(); }
 
 std::string TensorCache::shard_path(uint32_t shard) const { return state()->shard_path(shard); }
 
 std::string TensorCache::sample_location(int64_t index) const {
-  const std::shared_ptr<const State> s = state();
-  if (index < 0 || static_cast<size_t>(index) >= s->manifest.entries.size()) {
+  return state()->sample_location(index);
+}
+
+std::string TensorCache::State::sample_location(int64_t index) const {
+  if (index < 0 || static_cast<size_t>(index) >= manifest.entries.size()) {
     return "index " + std::to_string(index);
   }
-  const CacheEntry& entry = s->entry_at(index);
-  if (s->layout == Layout::kPerSampleFiles) return s->shard_path(entry.shard);
-  return s->shard_path(entry.shard) + " key " + entry.key;
+  const CacheEntry& entry = entry_at(index);
+  if (layout == Layout::kPerSampleFiles) return shard_path(entry.shard);
+  return shard_path(entry.shard) + " key " + entry.key;
 }
 
 std::string TensorCache::key(int64_t index) const { return state()->entry_at(index).key; }
@@ -381,7 +410,7 @@ void TensorCache::State::read_per_sample(int64_t index, SampleWriter* writer,
   const std::string file_path = shard_path(manifest.entries[i].shard);
   if (views != nullptr) {
     const std::shared_ptr<SafetensorsFile> file = SafetensorsFile::open(file_path);
-    for (const FieldSpec& field : fields) {
+    for (const FieldSpec& field : field_list) {
       const std::optional<size_t> t = file->find(field.name);
       if (!t || file->header().tensors[*t].dtype != field.dtype) {
         throw FormatError("'" + file_path + "': has no " + std::string(dtype_name(field.dtype)) +
@@ -394,21 +423,24 @@ void TensorCache::State::read_per_sample(int64_t index, SampleWriter* writer,
   // Header again, from the file as it is now: it may have been rewritten.
   const detail::File file(file_path);
   std::vector<CacheTensorRecord> records = records_of(read_header(file));
-  if (!order_like_fields(records, fields)) {
+  if (!order_like_fields(records, field_list)) {
     throw FormatError("'" + file_path + "': has tensors " + describe_tensors(records) +
-                      " but the cache's fields are " + describe_fields(fields));
+                      " but the cache's fields are " + describe_fields(field_list));
   }
-  for (size_t f = 0; f < fields.size(); ++f) {
+  for (size_t f = 0; f < field_list.size(); ++f) {
     const std::span<std::byte> dst = writer->field_buffer(f, records[f].shape);
     file.read_exact(records[f].offset, dst.first(records[f].nbytes));
   }
 }
 
 void TensorCache::read_sample(int64_t index, SampleWriter& writer) const {
-  const std::shared_ptr<const State> s = state();
-  const CacheEntry& entry = s->entry_at(index);
-  if (s->layout == Layout::kPerSampleFiles) {
-    s->read_per_sample(index, &writer, nullptr);
+  state()->read_sample(index, writer);
+}
+
+void TensorCache::State::read_sample(int64_t index, SampleWriter& writer) const {
+  const CacheEntry& entry = entry_at(index);
+  if (layout == Layout::kPerSampleFiles) {
+    read_per_sample(index, &writer, nullptr);
     return;
   }
   // The gather copy is a pread from the page cache straight into the slot,
@@ -417,9 +449,9 @@ void TensorCache::read_sample(int64_t index, SampleWriter& writer) const {
   // but pread skips the page-table set-up of a process's first pass over a
   // shard (page faults), which made first epochs 1.5-2x slower. The mapping
   // is still what entry() views and what validated the shard.
-  s->mapped_shard(entry.shard);
-  const detail::File& file = *s->files[entry.shard];
-  for (size_t f = 0; f < s->fields.size(); ++f) {
+  mapped_shard(entry.shard);
+  const detail::File& file = *files[entry.shard];
+  for (size_t f = 0; f < field_list.size(); ++f) {
     const CacheTensorRecord& record = entry.tensors[f];
     const std::span<std::byte> dst = writer.field_buffer(f, record.shape);
     if (record.nbytes > 0) file.read_exact(record.offset, dst.first(record.nbytes));
@@ -444,7 +476,8 @@ std::vector<std::pair<std::string, Tensor>> TensorCache::entry(int64_t index) co
 std::vector<CacheProblem> TensorCache::verify(bool check_sources) const {
   const std::shared_ptr<const State> s = state();
   const CacheManifest& manifest = s->manifest;
-  const std::vector<FieldSpec>& fields = s->fields;
+  const std::vector<FieldSpec>& fields = s->field_list;
+  const std::string& directory = s->directory;
   auto shard_path = [&](uint32_t shard) { return s->shard_path(shard); };
   std::vector<CacheProblem> problems;
   if (s->layout == Layout::kPerSampleFiles) {
@@ -472,8 +505,8 @@ std::vector<CacheProblem> TensorCache::verify(bool check_sources) const {
   std::set<std::string> referenced;
   for (const CacheShard& shard : manifest.shards) referenced.insert(shard.file);
   try {
-    for (const std::string& name : detail::list_files(directory_)) {
-      const std::string file_path = detail::join_path(directory_, name);
+    for (const std::string& name : detail::list_files(directory)) {
+      const std::string file_path = detail::join_path(directory, name);
       if (detail::is_cache_temp_name(name)) {
         problems.push_back({"partial", file_path,
                             "temporary file of an interrupted write (removed by the next open "
@@ -490,7 +523,7 @@ std::vector<CacheProblem> TensorCache::verify(bool check_sources) const {
       }
     }
   } catch (const Error& error) {
-    problems.push_back({"invalid", directory_, error.what()});
+    problems.push_back({"invalid", directory, error.what()});
   }
 
   for (uint32_t shard = 0; shard < manifest.shards.size(); ++shard) {

@@ -297,6 +297,9 @@ void EpochRun::finalize(BatchState& state) {
                             "", "collate", std::current_exception());
     }
   }
+  if (state.batch == 0) {
+    result.warnings.insert(result.warnings.end(), plan_.warnings.begin(), plan_.warnings.end());
+  }
   if (auto warning = plan_.pressure->take_warning()) result.warnings.push_back(*warning);
   if (plan_.pool->take_overflow_warning()) {
     result.warnings.push_back(

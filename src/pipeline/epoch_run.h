@@ -53,6 +53,7 @@ struct RunPlan {
   int prefetch = 1;
   std::vector<size_t> field_offsets;
   std::vector<size_t> row_bytes;
+  std::vector<std::string> warnings;  // handed out with the run's first batch
 };
 
 class EpochRun final : public Job {

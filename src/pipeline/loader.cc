@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <span>
 
+#include "leanloader/core/checked_size.h"
 #include "leanloader/core/dtype.h"
 #include "leanloader/core/error.h"
 #include "leanloader/io/content_hash.h"
@@ -39,16 +40,24 @@ std::string source_fingerprint(const Source& source) {
   return std::string("xxh64:") + hex;
 }
 
+// What a Loader reads: the source's current snapshot, or the source itself
+// when it never changes.
+static std::shared_ptr<const Source> snapshot_of(const std::shared_ptr<const Source>& source) {
+  if (source == nullptr) throw InvalidArgument("Loader needs a source");
+  std::shared_ptr<const Source> snapshot = source->snapshot();
+  return snapshot != nullptr ? snapshot : source;
+}
+
 size_t auto_memory_budget() {
   return static_cast<size_t>(kAutoBudgetFraction * static_cast<double>(available_memory_bytes()));
 }
 
 Loader::Loader(std::shared_ptr<const Source> source, LoaderOptions options)
     : source_(std::move(source)),
+      snapshot_(snapshot_of(source_)),
       options_(options),
-      sampler_(source_ ? static_cast<uint64_t>(source_->size()) : 0, options.shuffle, options.seed),
+      sampler_(static_cast<uint64_t>(snapshot_->size()), options.shuffle, options.seed),
       counters_(std::make_shared<detail::LoaderCounters>()) {
-  if (source_ == nullptr) throw InvalidArgument("Loader needs a source");
   if (options_.batch_size < 1) {
     throw InvalidArgument("batch_size must be at least 1, got " +
                           std::to_string(options_.batch_size));
@@ -62,7 +71,7 @@ Loader::Loader(std::shared_ptr<const Source> source, LoaderOptions options)
                           std::to_string(options_.world_size) + " (ranks are 0 .. world_size - 1)");
   }
   // Validates the sharding arithmetic once (overflow of padded positions).
-  (void)RankShard(static_cast<uint64_t>(source_->size()),
+  (void)RankShard(static_cast<uint64_t>(snapshot_->size()),
                   static_cast<uint64_t>(options_.batch_size), options_.drop_last, options_.rank,
                   options_.world_size);
   if (options_.prefetch < 1) {
@@ -72,23 +81,29 @@ Loader::Loader(std::shared_ptr<const Source> source, LoaderOptions options)
     throw InvalidArgument("max_skip_fraction must lie in [0, 1], got " +
                           std::to_string(options_.max_skip_fraction));
   }
-  const auto& fields = source_->fields();
+  const auto& fields = snapshot_->fields();
   const auto batch = static_cast<size_t>(options_.batch_size);
   if (options_.collate == Collate::kStack) {
     for (const FieldSpec& field : fields) {
       if (!field.shape.has_value()) {
-        throw InvalidArgument(source_->describe() + ": field '" + field.name +
+        throw InvalidArgument(snapshot_->describe() + ": field '" + field.name +
                               "' has a different shape per sample and cannot be stacked; pass "
                               "collate='list'");
       }
-      const size_t row = shape_numel(*field.shape) * dtype_size(field.dtype);
+      const std::optional<size_t> row_nbytes = checked_nbytes(*field.shape, field.dtype);
+      if (!row_nbytes) {
+        throw InvalidArgument(snapshot_->describe() + ": field '" + field.name + "' (" +
+                              std::string(dtype_name(field.dtype)) + " " +
+                              shape_to_string(*field.shape) + ") has no whole byte size");
+      }
+      const size_t row = *row_nbytes;
       field_offsets_.push_back(slot_bytes_);
       row_bytes_.push_back(row);
       slot_bytes_ += round_up(row * batch, kBufferAlignment);
     }
   } else {
     slot_bytes_ = kListSlotHeadroom * batch *
-                  (source_->estimated_sample_bytes() + fields.size() * kBufferAlignment);
+                  (snapshot_->estimated_sample_bytes() + fields.size() * kBufferAlignment);
   }
   slot_bytes_ = round_up(std::max<size_t>(slot_bytes_, 1), kPageBytes);
 
@@ -125,7 +140,7 @@ Loader::Loader(std::shared_ptr<const Source> source, LoaderOptions options)
   }
   pressure_ = std::make_shared<detail::PressurePolicy>(std::move(available), threshold, prefetch_);
   executor_ = std::make_unique<Executor>(options_.num_threads);
-  fingerprint_ = source_fingerprint(*source_);
+  fingerprint_ = source_fingerprint(*snapshot_);
 }
 
 Loader::~Loader() { close(); }
@@ -135,18 +150,61 @@ int64_t Loader::num_batches() const noexcept {
 }
 
 RankShard Loader::shard_from(uint64_t start) const {
-  return RankShard(static_cast<uint64_t>(source_->size()),
+  return RankShard(static_cast<uint64_t>(snapshot_->size()),
                    static_cast<uint64_t>(options_.batch_size), options_.drop_last, options_.rank,
                    options_.world_size, start);
+}
+
+std::optional<std::string> Loader::adopt_snapshot(std::shared_ptr<const Source> next) {
+  if (next == snapshot_) return std::nullopt;
+  const std::vector<FieldSpec>& planned = snapshot_->fields();
+  const std::vector<FieldSpec>& now = next->fields();
+  // An empty snapshot has no fields yet; nothing to compare.
+  if (!planned.empty() && !now.empty()) {
+    bool fits = planned.size() == now.size();
+    for (size_t f = 0; fits && f < planned.size(); ++f) {
+      fits = planned[f].name == now[f].name && planned[f].dtype == now[f].dtype &&
+             (options_.collate == Collate::kList || planned[f].shape == now[f].shape);
+    }
+    if (!fits) {
+      throw InvalidArgument(next->describe() +
+                            ": its fields changed since this Loader planned its batch slots; "
+                            "make a new Loader, or pass follow_updates=False to keep reading "
+                            "the snapshot it was made with");
+    }
+  } else if (planned.empty() && !now.empty() && options_.collate == Collate::kStack) {
+    throw InvalidArgument(next->describe() +
+                          ": the Loader was made while the source was empty and planned no "
+                          "batch slots for its fields; make a new Loader");
+  }
+  // The new size must shard (validated as in the constructor).
+  (void)RankShard(static_cast<uint64_t>(next->size()), static_cast<uint64_t>(options_.batch_size),
+                  options_.drop_last, options_.rank, options_.world_size);
+  const int64_t before = snapshot_->size();
+  snapshot_ = std::move(next);
+  // The sampler is sized from this one snapshot, and so is the epoch below:
+  // every position the epoch visits lies inside the permutation's domain.
+  sampler_ = Sampler(static_cast<uint64_t>(snapshot_->size()), options_.shuffle, options_.seed);
+  fingerprint_ = source_fingerprint(*snapshot_);
+  if (snapshot_->size() == before) return std::nullopt;
+  return snapshot_->describe() + " changed from " + std::to_string(before) + " to " +
+         std::to_string(snapshot_->size()) + " samples; from epoch " + std::to_string(epoch_) +
+         " on, this Loader reads the new contents (" + std::to_string(num_batches()) +
+         " batches per epoch). Pass follow_updates=False to keep the old snapshot.";
 }
 
 std::unique_ptr<EpochIterator> Loader::iterate() {
   if (closed_) throw Error("the Loader is closed");
   uint64_t start = 0;
-  if (resume_ && resume_->epoch == epoch_) start = resume_->position;
+  const bool resuming = resume_ && resume_->epoch == epoch_;
+  if (resuming) start = resume_->position;
   resume_.reset();
+  // A loaded state's position means samples of the snapshot it was checked
+  // against: a resumed epoch stays on it, the next one follows updates.
+  std::optional<std::string> changed;
+  if (options_.follow_updates && !resuming) changed = adopt_snapshot(snapshot_of(source_));
   const RankShard shard = shard_from(start);
-  detail::RunPlan plan{source_,
+  detail::RunPlan plan{snapshot_,
                        pool_,
                        counters_,
                        pressure_,
@@ -158,7 +216,9 @@ std::unique_ptr<EpochIterator> Loader::iterate() {
                        shard,
                        prefetch_,
                        field_offsets_,
-                       row_bytes_};
+                       row_bytes_,
+                       {}};
+  if (changed) plan.warnings.push_back(std::move(*changed));
   auto run = std::make_shared<detail::EpochRun>(std::move(plan));
   current_run_ = run;
   last_run_ = RunTrack{epoch_, shard, counters_->batches_delivered.load()};
@@ -174,7 +234,7 @@ LoaderState Loader::state() const {
   out.batch_size = options_.batch_size;
   out.drop_last = options_.drop_last;
   out.world_size = options_.world_size;
-  out.size = static_cast<uint64_t>(source_->size());
+  out.size = static_cast<uint64_t>(snapshot_->size());
   out.fingerprint = fingerprint_;
   out.epoch = epoch_;
   if (resume_) {
@@ -193,17 +253,17 @@ LoaderState Loader::state() const {
 }
 
 void Loader::load_state(const LoaderState& state) {
-  const auto size = static_cast<uint64_t>(source_->size());
+  const auto size = static_cast<uint64_t>(snapshot_->size());
   if (state.version != LoaderState::kVersion) {
     throw InvalidArgument("loader state has version " + std::to_string(state.version) +
                           "; this leanloader reads version " +
                           std::to_string(LoaderState::kVersion));
   }
   if (state.fingerprint != fingerprint_ || state.size != size) {
-    throw InvalidArgument("loader state was saved for another source (fingerprint " +
-                          state.fingerprint + ", " + std::to_string(state.size) +
-                          " samples); this loader reads " + source_->describe() + " (fingerprint " +
-                          fingerprint_ + ", " + std::to_string(size) + " samples)");
+    throw InvalidArgument(
+        "loader state was saved for another source (fingerprint " + state.fingerprint + ", " +
+        std::to_string(state.size) + " samples); this loader reads " + snapshot_->describe() +
+        " (fingerprint " + fingerprint_ + ", " + std::to_string(size) + " samples)");
   }
   if (state.shuffle != options_.shuffle || state.seed != options_.seed) {
     throw InvalidArgument(
@@ -215,7 +275,7 @@ void Loader::load_state(const LoaderState& state) {
   if (state.position > size) {
     throw InvalidArgument("loader state position " + std::to_string(state.position) +
                           " is past the " + std::to_string(size) + " samples of " +
-                          source_->describe());
+                          snapshot_->describe());
   }
   // A run in progress is cancelled: the next iterate() starts at the state.
   if (auto run = current_run_.lock()) run->cancel();

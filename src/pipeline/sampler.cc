@@ -1,5 +1,9 @@
 #include "leanloader/pipeline/sampler.h"
 
+#include <string>
+
+#include "leanloader/core/error.h"
+
 namespace leanloader {
 
 namespace {
@@ -38,8 +42,22 @@ uint64_t Permutation::feistel(uint64_t value) const noexcept {
   return (left << half_bits_) | right;
 }
 
-uint64_t Permutation::operator()(uint64_t position) const noexcept {
-  if (size_ <= 1) return 0;
+uint64_t Permutation::domain() const noexcept {
+  return 2 * half_bits_ >= 64 ? ~uint64_t{0} : uint64_t{1} << (2 * half_bits_);
+}
+
+namespace {
+
+[[noreturn]] void position_out_of_range(uint64_t position, uint64_t size) {
+  throw InvalidArgument("sampler position " + std::to_string(position) +
+                        " is outside the epoch of " + std::to_string(size) + " samples");
+}
+
+}  // namespace
+
+uint64_t Permutation::operator()(uint64_t position) const {
+  if (position >= size_) position_out_of_range(position, size_);
+  if (size_ == 1) return 0;
   // Cycle walking: the Feistel network permutes [0, 2^(2*half_bits)); values
   // that land outside [0, size) are walked along their cycle until they land
   // inside, which restricts the bijection to [0, size).
@@ -55,8 +73,11 @@ Permutation Sampler::permutation(uint64_t epoch) const noexcept {
   return Permutation(size_, mix64(seed_) ^ mix64(epoch * 0x9e3779b97f4a7c15ULL + 1));
 }
 
-uint64_t Sampler::index_at(uint64_t epoch, uint64_t position) const noexcept {
-  if (!shuffle_) return position;
+uint64_t Sampler::index_at(uint64_t epoch, uint64_t position) const {
+  if (!shuffle_) {
+    if (position >= size_) position_out_of_range(position, size_);
+    return position;
+  }
   return permutation(epoch)(position);
 }
 

@@ -20,18 +20,26 @@
 // into the writer's buffer: the batch's gather copy. entry(i) views the
 // mapping instead (zero-copy).
 //
-// Thread-safety: everything is safe to call from any thread. The state (the
-// manifest and the lazily mapped shards) is an immutable snapshot behind a
-// shared_ptr; reload() swaps in a new one. A read takes the snapshot once, so
-// it sees one consistent manifest. Within a snapshot the lazy shard table is
-// guarded by a mutex (a mapped shard is then read lock-free).
+// Snapshots: the state (manifest or folder listing, fields, the shard set
+// and its lazily mapped shards, the directory's shared lock) is an immutable
+// snapshot; snapshot() hands it out as a Source of its own. reload() (and so
+// every build()) publishes a new snapshot and never changes one in use: a
+// Loader reads one snapshot per epoch and picks up a new one at the start of
+// its next epoch (LoaderOptions::follow_updates). A snapshot holds the
+// directory's shared lock (see src/cache/cache_directory.h), so no other
+// process's clean-up deletes the shards it maps, even after the TensorCache
+// itself is gone.
+//
+// Thread-safety: everything is safe to call from any thread. A read takes the
+// current snapshot once, so it sees one consistent manifest. Within a
+// snapshot the lazy shard table is guarded by a mutex (a mapped shard is then
+// read lock-free).
 // reload() keeps indices stable for a cache that only grows or replaces
 // entries (what CacheWriter does: a replaced key keeps its position, new keys
 // are appended), so a Loader made before a rebuild keeps reading the same
-// keys. fields() are fixed once the cache has entries.
+// keys. Field names and dtypes are fixed once the cache has entries.
 // Lifetime: tensors returned by entry() keep their mapping alive after the
-// TensorCache is gone. The cache holds the directory's shared lock (see
-// detail/cache_directory.h) for its lifetime.
+// TensorCache is gone.
 #pragma once
 
 #include <atomic>
@@ -84,12 +92,20 @@ class TensorCache final : public Source {
   TensorCache(const TensorCache&) = delete;
   TensorCache& operator=(const TensorCache&) = delete;
 
-  // Re-reads the manifest (or the folder) as it is now. Throws like open(),
-  // and InvalidArgument when the entries' fields changed.
+  // Re-reads the manifest (or the folder) as it is now and publishes it as
+  // the new snapshot. Throws like open(), and InvalidArgument when the
+  // entries' field names or dtypes changed.
   void reload();
 
+  // The current snapshot: an immutable Source (size, fields, samples) that
+  // later reloads do not touch.
+  std::shared_ptr<const Source> snapshot() const override;
+
+  // The current snapshot's.
   int64_t size() const override;
-  const std::vector<FieldSpec>& fields() const override { return fields_; }
+  // The current snapshot's fields. The reference stays valid for the life of
+  // the TensorCache (field lists replaced by a reload are kept).
+  const std::vector<FieldSpec>& fields() const override;
   void read_sample(int64_t index, SampleWriter& writer) const override;
   std::string describe() const override;
   std::string sample_location(int64_t index) const override;
@@ -124,18 +140,19 @@ class TensorCache final : public Source {
   std::vector<CacheProblem> verify(bool check_sources = true) const;
 
  private:
-  struct State;
+  class State;
   std::shared_ptr<const State> state() const;
   std::shared_ptr<const State> load_state(bool cleanup);
 
-  std::string path_;       // as given
-  std::string directory_;  // where shards / files live
+  std::string path_;  // as given
   std::vector<std::string> removed_;
-  std::unique_ptr<detail::CacheLock> lock_;
-  std::vector<FieldSpec> fields_;
+  std::shared_ptr<const detail::CacheLock> lock_;  // shared with every snapshot
 
   mutable std::mutex state_mutex_;
   std::shared_ptr<const State> state_;
+  // Every field list a snapshot of this cache had, so that fields()
+  // references outlive reloads; grows only when the fields change.
+  std::vector<std::shared_ptr<const std::vector<FieldSpec>>> field_lists_;
 };
 
 }  // namespace leanloader

@@ -49,7 +49,10 @@ class Loader {
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;
 
+  // The source as given, and the immutable snapshot of it that the current
+  // (or next) epoch reads (the source itself when it never changes).
   const Source& source() const noexcept { return *source_; }
+  const Source& snapshot() const noexcept { return *snapshot_; }
   const LoaderOptions& options() const noexcept { return options_; }
 
   // The epoch the next iterate() uses; iterate() then advances it by one.
@@ -82,7 +85,9 @@ class Loader {
   int effective_prefetch() const noexcept { return prefetch_; }
 
   // Starts a pass over the current epoch on the worker threads, cancelling a
-  // pass still in progress.
+  // pass still in progress. With follow_updates, first takes the source's
+  // current snapshot and sizes the epoch from it; throws InvalidArgument when
+  // its fields no longer fit the planned slots (a new Loader is needed).
   std::unique_ptr<EpochIterator> iterate();
 
   LoaderStats stats() const;
@@ -93,8 +98,12 @@ class Loader {
 
  private:
   RankShard shard_from(uint64_t start) const;
+  // Takes `next` as the snapshot of the epochs to come; returns the warning
+  // to give when its size differs from the current one.
+  std::optional<std::string> adopt_snapshot(std::shared_ptr<const Source> next);
 
   std::shared_ptr<const Source> source_;
+  std::shared_ptr<const Source> snapshot_;  // what epochs read; never changes
   LoaderOptions options_;
   Sampler sampler_;
   std::vector<size_t> field_offsets_;  // collate=stack: byte offset of each field in a slot

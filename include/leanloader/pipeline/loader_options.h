@@ -41,6 +41,11 @@ struct LoaderOptions {
   // default). Tests and embedders may supply their own reading; it may throw,
   // which the loader reports as an error of the batch being opened.
   std::function<size_t()> available_memory;
+  // A source that can change (a TensorCache rebuilt or reloaded) is read
+  // through immutable snapshots. true: each epoch starts on the source's
+  // current snapshot (len() changes then, with a warning in the epoch's first
+  // batch). false: the Loader keeps the snapshot it was made with.
+  bool follow_updates = true;
 };
 
 // The budget `memory_budget="auto"` stands for: a quarter of the memory

@@ -11,10 +11,12 @@
 //   sample there: straight into the batch slot's row, no intermediate copy.
 // - Errors are thrown as leanloader::Error with the cause; the caller adds the
 //   sample index, source and stage (see SampleError).
+// - size() never changes under a reader that holds snapshot() (see there).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -63,6 +65,14 @@ class Source {
   // most; the loader adds them to its memory bill. 0 for sources that keep
   // nothing.
   virtual size_t cache_budget_bytes() const { return 0; }
+
+  // The Source as it is now, as an immutable Source: its size(), fields()
+  // and samples never change while it is held, whatever happens to this
+  // one. A Loader takes one at construction and at the start of each epoch
+  // and reads only from it. A Source that never changes returns nullptr (it
+  // is its own snapshot); one that can (TensorCache, rebuilt or reloaded)
+  // returns its current snapshot.
+  virtual std::shared_ptr<const Source> snapshot() const { return nullptr; }
 };
 
 // Index of the field called `name`, or nullopt.

@@ -278,5 +278,175 @@ TEST(TensorCacheTest, ConcurrentReadersMapEachShardOnce) {
   EXPECT_EQ(a, b);
 }
 
+// Runs one epoch of `loader`; returns how often each id was seen and the
+// warnings of its batches.
+std::vector<int> run_epoch(Loader& loader, int max_id, std::vector<std::string>* warnings = nullptr,
+                           int stop_after_batches = -1) {
+  std::vector<int> seen(static_cast<size_t>(max_id), 0);
+  auto it = loader.iterate();
+  Batch batch;
+  int batches = 0;
+  while (batches != stop_after_batches &&
+         it->next(batch, std::chrono::seconds(10)) == EpochIterator::Status::kBatch) {
+    ++batches;
+    const auto* id = reinterpret_cast<const int64_t*>(batch.stacked[1].data());
+    for (size_t r = 0; r < batch.indices.size(); ++r) ++seen.at(static_cast<size_t>(id[r]));
+    if (warnings != nullptr) {
+      warnings->insert(warnings->end(), batch.warnings.begin(), batch.warnings.end());
+    }
+  }
+  return seen;
+}
+
+TEST(TensorCacheSnapshotTest, ASnapshotNeverChangesUnderItsReader) {
+  TempDir dir;
+  const std::string c = dir.file("c");
+  build(c, 10);
+  const auto cache = TensorCache::open(c);
+  const std::shared_ptr<const Source> before = cache->snapshot();
+  const std::vector<FieldSpec>* fields = &cache->fields();
+  build(c, 25);
+  cache->reload();
+  EXPECT_EQ(cache->size(), 25);
+  EXPECT_EQ(before->size(), 10);
+  EXPECT_NE(cache->snapshot(), before);
+  EXPECT_EQ(cache->snapshot()->size(), 25);
+  BufferWriter writer;
+  before->read_sample(9, writer);
+  EXPECT_EQ(writer.value<int64_t>(1), 9);
+  EXPECT_THROW(before->read_sample(10, writer), InvalidArgument);
+  // A field list handed out before the reload is still alive.
+  EXPECT_EQ((*fields)[0].name, "x");
+}
+
+TEST(TensorCacheSnapshotTest, AShuffledLoaderOverAGrowingCacheReadsOneSnapshotPerEpoch) {
+  TempDir dir;
+  const std::string c = dir.file("c");
+  build(c, 30);
+  const auto cache = TensorCache::open(c);
+  LoaderOptions options;
+  options.batch_size = 4;
+  options.shuffle = true;
+  options.num_threads = 4;
+  Loader loader(cache, options);
+  EXPECT_EQ(loader.num_batches(), 8);
+
+  // Grown in the middle of an epoch: that epoch stays on its snapshot.
+  {
+    auto it = loader.iterate();
+    Batch batch;
+    ASSERT_EQ(it->next(batch, std::chrono::seconds(10)), EpochIterator::Status::kBatch);
+    build(c, 70);
+    cache->reload();
+    std::vector<int> seen(70, 0);
+    do {
+      const auto* id = reinterpret_cast<const int64_t*>(batch.stacked[1].data());
+      for (size_t r = 0; r < batch.indices.size(); ++r) ++seen.at(static_cast<size_t>(id[r]));
+    } while (it->next(batch, std::chrono::seconds(10)) == EpochIterator::Status::kBatch);
+    for (int i = 0; i < 70; ++i) EXPECT_EQ(seen[static_cast<size_t>(i)], i < 30 ? 1 : 0) << i;
+  }
+  EXPECT_EQ(loader.num_batches(), 8);  // changes when the next epoch starts
+
+  // The next epochs: the grown cache, each sample exactly once, and one
+  // warning (in the first epoch that reads it).
+  std::vector<std::string> warnings;
+  for (int epoch = 0; epoch < 3; ++epoch) {
+    const std::vector<int> seen = run_epoch(loader, 70, &warnings);
+    for (int i = 0; i < 70; ++i) ASSERT_EQ(seen[static_cast<size_t>(i)], 1) << i;
+  }
+  EXPECT_EQ(loader.num_batches(), 18);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("from 30 to 70 samples"), std::string::npos) << warnings[0];
+}
+
+TEST(TensorCacheSnapshotTest, APinnedLoaderKeepsTheSnapshotItWasMadeWith) {
+  TempDir dir;
+  const std::string c = dir.file("c");
+  build(c, 12);
+  const auto cache = TensorCache::open(c);
+  LoaderOptions options;
+  options.batch_size = 5;
+  options.shuffle = true;
+  options.follow_updates = false;
+  Loader loader(cache, options);
+  build(c, 40);
+  cache->reload();
+  std::vector<std::string> warnings;
+  const std::vector<int> seen = run_epoch(loader, 40, &warnings);
+  for (int i = 0; i < 40; ++i) EXPECT_EQ(seen[static_cast<size_t>(i)], i < 12 ? 1 : 0) << i;
+  EXPECT_TRUE(warnings.empty());
+  EXPECT_EQ(loader.num_batches(), 3);
+  EXPECT_EQ(loader.snapshot().size(), 12);
+}
+
+TEST(TensorCacheSnapshotTest, FieldsThatNoLongerFitThePlannedSlotsAreAnError) {
+  TempDir dir;
+  const std::string c = dir.file("c");
+  build(c, 6);
+  const auto cache = TensorCache::open(c);
+  LoaderOptions options;
+  options.batch_size = 2;
+  Loader loader(cache, options);
+  options.follow_updates = false;
+  Loader pinned(cache, options);
+  {
+    CacheWriter writer(c, CacheWriterOptions{});
+    writer.add("longer", {}, {{"x", filled(1, 64)}, {"id", ids(6)}});
+    writer.flush();
+  }
+  cache->reload();
+  EXPECT_FALSE(cache->fields()[0].shape.has_value());
+  try {
+    loader.iterate();
+    FAIL() << "no error";
+  } catch (const InvalidArgument& error) {
+    EXPECT_NE(std::string(error.what()).find("fields changed"), std::string::npos) << error.what();
+  }
+  // A pinned Loader still reads the snapshot it was made with.
+  const std::vector<int> seen = run_epoch(pinned, 7);
+  for (int i = 0; i < 7; ++i) EXPECT_EQ(seen[static_cast<size_t>(i)], i < 6 ? 1 : 0) << i;
+}
+
+TEST(TensorCacheSnapshotTest, ALiveSnapshotKeepsItsShardsFromCleanUp) {
+  TempDir dir;
+  const std::string c = dir.file("c");
+  build(c, 4, 1 << 20);
+  std::shared_ptr<const Source> snapshot = TensorCache::open(c)->snapshot();  // cache gone
+  std::vector<std::string> shards_before;
+  for (const auto& file : fs::directory_iterator(c)) {
+    if (file.path().extension() == ".safetensors") shards_before.push_back(file.path().string());
+  }
+  ASSERT_EQ(shards_before.size(), 1u);
+  build(c, 4, 1 << 20);  // every entry rewritten: no manifest references the old shard
+  {
+    // Another opener (in this process: flock conflicts between open file
+    // descriptions as between processes) finds the cache in use.
+    const auto other = TensorCache::open(c);
+    EXPECT_TRUE(other->removed_on_open().empty());
+  }
+  ASSERT_TRUE(fs::exists(shards_before[0]));
+  BufferWriter writer;
+  snapshot->read_sample(3, writer);  // maps the old shard only now
+  EXPECT_EQ(writer.value<int64_t>(1), 3);
+  snapshot.reset();
+  const auto alone = TensorCache::open(c);
+  ASSERT_EQ(alone->removed_on_open().size(), 1u);
+  EXPECT_FALSE(fs::exists(shards_before[0]));
+}
+
+TEST(TensorCacheSnapshotTest, ALockFileThatCannotBeOpenedForWritingIsAnError) {
+  TempDir dir;
+  const std::string c = dir.file("c");
+  build(c, 2);
+  fs::remove(c + "/.lock");
+  fs::create_directory(c + "/.lock");  // open(O_RDWR) fails with EISDIR, even as root
+  try {
+    TensorCache::open(c);
+    FAIL() << "no error";
+  } catch (const IoError& error) {
+    EXPECT_NE(std::string(error.what()).find(".lock"), std::string::npos) << error.what();
+  }
+}
+
 }  // namespace
 }  // namespace leanloader

@@ -4,6 +4,8 @@
 
 #include <vector>
 
+#include "leanloader/core/error.h"
+
 namespace leanloader {
 namespace {
 
@@ -55,6 +57,45 @@ TEST(SamplerTest, ShuffleIsNotTheIdentity) {
   int fixed_points = 0;
   for (uint64_t p = 0; p < 100; ++p) fixed_points += sampler.index_at(0, p) == p;
   EXPECT_LT(fixed_points, 10);
+}
+
+TEST(SamplerTest, PositionOutsideTheEpochIsAnError) {
+  // A position past the size used to walk forever when it also lay past the
+  // Feistel domain (a sampler sized for an older, smaller source).
+  for (const uint64_t size : {0ULL, 1ULL, 5ULL, 100ULL, 1000ULL}) {
+    const Permutation permutation(size, 3);
+    EXPECT_THROW(permutation(size), InvalidArgument) << size;
+    EXPECT_THROW(permutation(permutation.domain()), InvalidArgument) << size;
+    EXPECT_THROW(permutation(~uint64_t{0}), InvalidArgument) << size;
+    for (const bool shuffle : {false, true}) {
+      const Sampler sampler(size, shuffle, 1);
+      EXPECT_THROW(sampler.index_at(0, size), InvalidArgument) << size;
+    }
+  }
+  try {
+    Permutation(100, 0)(250);
+    FAIL() << "no error";
+  } catch (const InvalidArgument& error) {
+    EXPECT_NE(std::string(error.what()).find("position 250"), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find("100 samples"), std::string::npos) << error.what();
+  }
+}
+
+TEST(SamplerTest, DomainCoversTheSizeSoEveryWalkEnds) {
+  // The termination argument needs size <= domain (every position below the
+  // size lies in the Feistel domain): check it at every power-of-two edge.
+  for (unsigned bits = 0; bits < 64; ++bits) {
+    const uint64_t edge = uint64_t{1} << bits;
+    for (const uint64_t size : {edge - 1, edge, edge + 1}) {
+      if (size == 0) continue;
+      const Permutation permutation(size, bits);
+      EXPECT_GE(permutation.domain(), size) << size;
+      EXPECT_LT(permutation(size - 1), size) << size;
+      EXPECT_LT(permutation(0), size) << size;
+    }
+  }
+  const Permutation largest(~uint64_t{0}, 1);
+  EXPECT_LT(largest(~uint64_t{0} - 1), ~uint64_t{0});
 }
 
 }  // namespace
