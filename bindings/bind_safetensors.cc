@@ -4,6 +4,7 @@
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <map>
 #include <memory>
@@ -91,6 +92,25 @@ void bind_safetensors(nb::module_& m) {
           }
           std::string name = nb::cast<std::string>(key);
           InputArray array;
+          if (nb::isinstance<nb::tuple>(value) && nb::len(value) == 3) {
+            // A packed tensor: (dtype name, logical shape, uint8 bytes).
+            const nb::tuple packed = nb::borrow<nb::tuple>(value);
+            const std::string dtype_text = nb::cast<std::string>(packed[0]);
+            const std::optional<DType> dtype = dtype_from_name(dtype_text);
+            if (!dtype) {
+              throw nb::value_error(
+                  ("tensor '" + name + "': unknown dtype '" + dtype_text + "'").c_str());
+            }
+            const Shape shape = nb::cast<Shape>(packed[1]);
+            if (!nb::try_cast(packed[2], array)) {
+              throw nb::type_error(
+                  ("tensor '" + name + "': the packed data is not a CPU array").c_str());
+            }
+            views.emplace_back(
+                name, packed_view_of(array, *dtype, shape, name, ArrayLifetime::kBorrowed));
+            arrays.push_back(std::move(array));
+            continue;
+          }
           if (!nb::try_cast(value, array)) {
             const std::string type = nb::cast<std::string>(nb::str(value.type()));
             throw nb::type_error(("tensor '" + name + "' is a " + type +

@@ -14,6 +14,7 @@ from leanloader.dataloader import DataLoader
 from leanloader.hdf5 import HDF5Source
 from leanloader.loader import Loader
 from leanloader.memory import memory_report
+from leanloader.packed import PackedTensor
 from leanloader.planner import batch_defaults, estimate_memory, regularization_cost
 from leanloader.safetensors import load_safetensors, save_safetensors
 from leanloader.shared_records import SharedRecords
@@ -29,6 +30,7 @@ __all__ = [
     "HDF5Source",
     "Loader",
     "NpySource",
+    "PackedTensor",
     "SharedRecords",
     "Source",
     "TensorCache",

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from leanloader import _core
+from leanloader.packed import PackedTensor
 
 __all__ = ["load_safetensors", "read_safetensors_header", "save_safetensors"]
 
@@ -41,12 +42,23 @@ def load_safetensors(path: str | os.PathLike[str], output: str | None = None) ->
     mapped file without copying; a tensor whose data is not aligned for its dtype
     (some third-party writers skip the padding) is copied to an aligned buffer.
     NumPy has no bfloat16 or float8, so such files need ``output="torch"``.
+
+    Every dtype of the reference safetensors 0.8 reads. As in
+    ``safetensors.torch``, ``F8_E8M0`` is ``torch.float8_e8m0fnu`` and ``F4``
+    is ``torch.float4_e2m1fn_x2`` (two values per element: the last dimension
+    halved). Where the framework has no such type (``F6_E2M3``, ``F6_E3M2``;
+    ``F4`` with an odd last dimension or for NumPy) the tensor is a
+    ``leanloader.PackedTensor``: its packed bytes (1-D uint8, zero-copy), the
+    dtype and the logical shape.
     """
     return _core.load_safetensors(os.fspath(path), output or _default_output())
 
 
 def _as_cpu_array(name: str, value: Any) -> Any:
-    """An object nanobind can read as a CPU array without losing the dtype."""
+    """An object nanobind can read as a CPU array without losing the dtype
+    (for a ``PackedTensor``: its dtype name, shape and bytes)."""
+    if isinstance(value, PackedTensor):
+        return (value.dtype, value.shape, _as_cpu_array(name, value.data))
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(value, torch.Tensor):
         if value.layout != torch.strided:
@@ -72,9 +84,10 @@ def save_safetensors(
 ) -> None:
     """Writes ``{name: array}`` to ``path`` in the reference layout, atomically.
 
-    Arrays may be NumPy arrays, torch tensors (any dtype, including bfloat16 and
-    float8; CUDA tensors are copied to the host) or anything ``np.asarray``
-    accepts. Non-contiguous arrays are written in row-major order. ``metadata``
+    Arrays may be NumPy arrays, torch tensors (any dtype, including bfloat16,
+    float8 and ``float4_e2m1fn_x2``, written as ``F4`` with the last dimension
+    doubled; CUDA tensors are copied to the host), ``leanloader.PackedTensor``
+    (written with its dtype and shape) or anything ``np.asarray`` accepts. Non-contiguous arrays are written in row-major order. ``metadata``
     maps str to str and is stored as ``__metadata__``. Raises ``ValueError`` for a
     tensor named ``__metadata__`` and ``OSError`` when the file cannot be written
     (no temporary file is left behind).

@@ -11,6 +11,7 @@
 
 #include "cache/cache_directory.h"
 #include "io/json.h"
+#include "leanloader/core/checked_size.h"
 #include "leanloader/core/error.h"
 #include "leanloader/io/content_hash.h"
 
@@ -218,15 +219,16 @@ class ManifestParser {
     for (const bool s : seen) {
       if (!s) fail(where, "a tensor needs \"name\", \"dtype\", \"shape\", \"offset\", \"nbytes\"");
     }
-    uint64_t expected = dtype_size(tensor.dtype);
-    for (const int64_t dim : tensor.shape) {
-      const auto d = static_cast<uint64_t>(dim);
-      if (d != 0 && expected > std::numeric_limits<uint64_t>::max() / d) {
-        fail(where,
-             "tensor '" + tensor.name + "': shape " + shape_to_string(tensor.shape) + " overflows");
-      }
-      expected *= d;
+    const std::optional<size_t> bits = checked_nbits(tensor.shape, tensor.dtype);
+    if (!bits) {
+      fail(where,
+           "tensor '" + tensor.name + "': shape " + shape_to_string(tensor.shape) + " overflows");
     }
+    if (*bits % 8 != 0) {
+      fail(where, "tensor '" + tensor.name + "': " + shape_to_string(tensor.shape) + " " +
+                      std::string(dtype_name(tensor.dtype)) + ": " + kSubbyteMisalignedMessage);
+    }
+    const uint64_t expected = *bits / 8;
     if (expected != tensor.nbytes) {
       fail(where, "tensor '" + tensor.name + "': nbytes " + std::to_string(tensor.nbytes) +
                       " but " + shape_to_string(tensor.shape) + " " +

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <limits>
 
+#include "leanloader/core/checked_size.h"
 #include "leanloader/core/error.h"
 
 namespace leanloader {
@@ -55,6 +56,19 @@ Tensor::Tensor(std::shared_ptr<Storage> storage, size_t byte_offset, DType dtype
     throw InvalidArgument("strides " + shape_to_string(strides_) + " do not match shape " +
                           shape_to_string(shape_));
   }
+  if (dtype_is_subbyte(dtype_)) {
+    // Packed elements have no byte address of their own: only dense views
+    // whose bits end on a byte boundary exist.
+    if (!is_contiguous()) {
+      throw InvalidArgument("a " + std::string(dtype_name(dtype_)) + " tensor " +
+                            shape_to_string(shape_) + " must be contiguous, got strides " +
+                            shape_to_string(strides_));
+    }
+    if (!checked_nbytes_for(numel_, dtype_)) {
+      throw InvalidArgument("a " + std::string(dtype_name(dtype_)) + " tensor " +
+                            shape_to_string(shape_) + ": " + kSubbyteMisalignedMessage);
+    }
+  }
   check_bounds();
 }
 
@@ -69,7 +83,8 @@ void Tensor::check_bounds() const {
     if (strides_[i] < 0) throw InvalidArgument("negative strides are not supported");
     last += static_cast<size_t>(shape_[i] - 1) * static_cast<size_t>(strides_[i]);
   }
-  const size_t end = byte_offset_ + (last + 1) * dtype_size(dtype_);
+  const size_t end =
+      byte_offset_ + (dtype_is_subbyte(dtype_) ? nbytes() : (last + 1) * dtype_size(dtype_));
   if (end > storage_->size()) {
     throw InvalidArgument("tensor view " + shape_to_string(shape_) + " of " +
                           std::string(dtype_name(dtype_)) + " at offset " +

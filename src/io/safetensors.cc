@@ -8,6 +8,7 @@
 
 #include "io/file_io.h"
 #include "io/json.h"
+#include "leanloader/core/checked_size.h"
 #include "leanloader/core/error.h"
 
 namespace leanloader {
@@ -60,6 +61,12 @@ int reference_dtype_rank(DType dtype) noexcept {
   switch (dtype) {
     case DType::kBool:
       return 0;
+    case DType::kF4:
+      return 1;
+    case DType::kF6E2M3:
+      return 2;
+    case DType::kF6E3M2:
+      return 3;
     case DType::kU8:
       return 4;
     case DType::kI8:
@@ -253,12 +260,21 @@ uint64_t entry_nbytes(const ParsedEntry& entry, const std::string& path) {
     }
     numel *= dim;
   }
-  const uint64_t size = dtype_size(entry.dtype);
-  if (numel > UINT64_MAX / size) {
+  // The reference counts bits (numel x bitsize, checked), then requires a
+  // sub-byte tensor's bits to end on a byte boundary (MisalignedSlice).
+  const uint64_t bits = dtype_bits(entry.dtype);
+  if (numel > UINT64_MAX / bits) {
     format_error(path, "ValidationOverflow",
                  "tensor " + display_name(entry.name) + " has shape " + dims_to_string(entry.dims) +
                      " of " + std::string(dtype_name(entry.dtype)) +
-                     ", whose byte size overflows 64 bits");
+                     ", whose size in bits overflows 64 bits");
+  }
+  if (numel * bits % 8 != 0) {
+    format_error(path, "MisalignedSlice",
+                 std::string(kSubbyteMisalignedMessage) + " (tensor " + display_name(entry.name) +
+                     " has shape " + dims_to_string(entry.dims) + " of " +
+                     std::string(dtype_name(entry.dtype)) + ": " + std::to_string(numel * bits) +
+                     " bits)");
   }
   // Only reachable with a zero dimension beside a huge one: the reference
   // accepts it, but Shape is signed (as are torch and NumPy shapes).
@@ -269,7 +285,7 @@ uint64_t entry_nbytes(const ParsedEntry& entry, const std::string& path) {
                        ", larger than 2^63-1");
     }
   }
-  return numel * size;
+  return numel * bits / 8;
 }
 
 // Runs the reference's Metadata::validate and the final coverage check.

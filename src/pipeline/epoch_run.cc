@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 
+#include "leanloader/core/checked_size.h"
 #include "leanloader/core/error.h"
 
 namespace leanloader::detail {
@@ -48,7 +49,14 @@ class EpochRun::RowWriter final : public SampleWriter {
     }
     written_mask_ |= uint64_t{1} << (field % 64);
     const FieldSpec& spec = fields[field];
-    const size_t bytes = shape_numel(shape) * dtype_size(spec.dtype);
+    const std::optional<size_t> checked_bytes = checked_nbytes(shape, spec.dtype);
+    if (!checked_bytes) {
+      throw InvalidArgument("field '" + spec.name + "': " + std::string(dtype_name(spec.dtype)) +
+                            " " + shape_to_string(shape) +
+                            " has no whole byte size (overflow, or sub-byte elements that do "
+                            "not end on a byte boundary)");
+    }
+    const size_t bytes = *checked_bytes;
     if (run_.plan_.options.collate == Collate::kStack) {
       if (!spec.shape.has_value() || shape != *spec.shape) {
         throw InvalidArgument("field '" + spec.name + "' has shape " + shape_to_string(shape) +

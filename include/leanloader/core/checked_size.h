@@ -39,9 +39,26 @@ constexpr std::optional<size_t> checked_round_up(size_t value, size_t multiple) 
 // when the product does not fit in size_t.
 std::optional<size_t> checked_numel(std::span<const int64_t> shape) noexcept;
 
+// The bits of a dense tensor of `shape` and `dtype` (numel x dtype_bits);
+// nullopt when checked_numel fails or the product does not fit in size_t
+// (the reference computes sizes in bits too, so this is its overflow rule).
+std::optional<size_t> checked_nbits(std::span<const int64_t> shape, DType dtype) noexcept;
+
 // The bytes of a dense tensor of `shape` and `dtype`; nullopt when
-// checked_numel fails or numel x element size does not fit in size_t.
+// checked_nbits fails, or when a sub-byte tensor's bits do not fill whole
+// bytes (the reference's rule: numel x bits must be a multiple of 8, e.g. an
+// F4 tensor needs an even element count; the error to give is
+// kSubbyteMisalignedMessage).
 std::optional<size_t> checked_nbytes(std::span<const int64_t> shape, DType dtype) noexcept;
+
+// The same for an element count.
+std::optional<size_t> checked_nbytes_for(size_t numel, DType dtype) noexcept;
+
+// The reference safetensors 0.8's words (SafeTensorError::MisalignedSlice)
+// for a sub-byte tensor whose bits do not end on a byte boundary.
+inline constexpr const char* kSubbyteMisalignedMessage =
+    "The slice is slicing for subbytes dtypes, and the slice does not end up at a byte boundary, "
+    "this is invalid.";
 
 // True when [offset, offset + length) lies inside [0, size) without overflow.
 constexpr bool range_fits(size_t offset, size_t length, size_t size) noexcept {

@@ -30,7 +30,9 @@ class Tensor {
   // A contiguous view at `byte_offset` into `storage`. Throws InvalidArgument
   // when the view does not fit inside the storage.
   Tensor(std::shared_ptr<Storage> storage, size_t byte_offset, DType dtype, Shape shape);
-  // A strided view; `strides` in elements, non-negative.
+  // A strided view; `strides` in elements, non-negative. A sub-byte dtype
+  // (F4, F6_*) needs contiguous strides and an element count that fills
+  // whole bytes (InvalidArgument otherwise).
   Tensor(std::shared_ptr<Storage> storage, size_t byte_offset, DType dtype, Shape shape,
          Shape strides);
 
@@ -41,7 +43,11 @@ class Tensor {
   const Shape& strides() const noexcept { return strides_; }
   size_t ndim() const noexcept { return shape_.size(); }
   size_t numel() const noexcept { return numel_; }
-  size_t nbytes() const noexcept { return numel_ * dtype_size(dtype_); }
+  // numel x bits / 8 (whole bytes: a sub-byte tensor is only made when its
+  // elements fill whole bytes).
+  size_t nbytes() const noexcept {
+    return dtype_is_subbyte(dtype_) ? numel_ * dtype_bits(dtype_) / 8 : numel_ * dtype_size(dtype_);
+  }
   bool is_contiguous() const noexcept;
 
   std::byte* data() const noexcept { return storage_->data() + byte_offset_; }

@@ -34,6 +34,34 @@ TEST(CheckedSize, NbytesOfShapes) {
   EXPECT_FALSE(checked_numel(negative).has_value());
 }
 
+TEST(CheckedSize, SubByteTensorsPackIntoWholeBytes) {
+  // The reference's rule: numel x bits must be a multiple of 8 (checked on
+  // the total, so F4 [2, 3] packs and F4 [3, 7] does not).
+  using S = std::vector<int64_t>;
+  EXPECT_EQ(checked_nbytes(S{3, 8}, DType::kF4), 12u);
+  EXPECT_EQ(checked_nbytes(S{2, 3}, DType::kF4), 3u);
+  EXPECT_EQ(checked_nbytes(S{2, 1}, DType::kF4), 1u);
+  EXPECT_FALSE(checked_nbytes(S{3, 7}, DType::kF4).has_value());
+  EXPECT_FALSE(checked_nbytes(S{1, 1}, DType::kF4).has_value());
+  EXPECT_FALSE(checked_nbytes(S{}, DType::kF4).has_value());  // a scalar: 4 bits
+  EXPECT_EQ(checked_nbytes(S{3, 0}, DType::kF4), 0u);
+  EXPECT_EQ(checked_nbytes(S{2, 4}, DType::kF6E2M3), 6u);
+  EXPECT_EQ(checked_nbytes(S{4}, DType::kF6E3M2), 3u);
+  EXPECT_EQ(checked_nbytes(S{2, 4, 1}, DType::kF6E2M3), 6u);
+  EXPECT_FALSE(checked_nbytes(S{3}, DType::kF6E2M3).has_value());
+  EXPECT_FALSE(checked_nbytes(S{5, 2}, DType::kF6E3M2).has_value());
+  EXPECT_EQ(checked_nbits(S{3, 7}, DType::kF4), 84u);
+  EXPECT_EQ(checked_nbytes_for(6, DType::kF4), 3u);
+  EXPECT_FALSE(checked_nbytes_for(5, DType::kF4).has_value());
+  EXPECT_EQ(checked_nbytes_for(3, DType::kC64), 24u);
+  // Bits overflow before bytes would (the reference counts in bits too).
+  EXPECT_FALSE(checked_nbits(S{int64_t{1} << 61, 2}, DType::kF4).has_value());
+  EXPECT_FALSE(checked_nbytes(S{int64_t{1} << 61, 2}, DType::kF4).has_value());
+  EXPECT_EQ(checked_nbits(S{int64_t{1} << 60}, DType::kF4), size_t{1} << 62);
+  EXPECT_EQ(checked_nbytes(S{int64_t{1} << 60}, DType::kF4), size_t{1} << 59);
+  EXPECT_FALSE(checked_nbits(S{int64_t{1} << 58}, DType::kC64).has_value());
+}
+
 TEST(CheckedSize, RangeFits) {
   EXPECT_TRUE(range_fits(0, 4096, 4096));
   EXPECT_FALSE(range_fits(1, 4096, 4096));

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "leanloader/core/checked_size.h"
 #include "leanloader/core/error.h"
 #include "test_util.h"
 
@@ -156,6 +157,19 @@ std::vector<MalformedCase> malformed_cases() {
       {"byte size overflows",
        make_file("{" + tensor_json("x", "F32", "[4611686018427387904]", 0, 4) + "}", "abcd"),
        "ValidationOverflow"},
+      // The reference's MisalignedSlice, checked before the byte count.
+      {"F4 bits do not end on a byte",
+       make_file("{" + tensor_json("x", "F4", "[3,7]", 0, 11) + "}", std::string(11, 'a')),
+       "MisalignedSlice"},
+      {"F4 scalar", make_file("{" + tensor_json("x", "F4", "[]", 0, 1) + "}", "a"),
+       "MisalignedSlice"},
+      {"F6 of 3 elements", make_file("{" + tensor_json("x", "F6_E2M3", "[3]", 0, 2) + "}", "ab"),
+       "MisalignedSlice"},
+      {"F4 size in bits overflows",
+       make_file("{" + tensor_json("x", "F4", "[2305843009213693952,2]", 0, 4) + "}", "abcd"),
+       "ValidationOverflow"},
+      {"F4 size does not match",
+       make_file("{" + tensor_json("x", "F4", "[2,4]", 0, 3) + "}", "abc"), "TensorInvalidInfo"},
       {"size does not match shape",
        make_file("{" + tensor_json("x", "U8", "[2]", 0, 3) + "}", "abc"), "TensorInvalidInfo"},
       {"size does not match dtype",
@@ -164,6 +178,16 @@ std::vector<MalformedCase> malformed_cases() {
       {"trailing bytes", make_file("{" + kX + "}", "abc"), "MetadataIncompleteBuffer"},
       {"trailing bytes after empty header", make_file("{}", "x"), "MetadataIncompleteBuffer"},
   };
+}
+
+TEST(SafetensorsTest, AMisalignedSubByteTensorHasTheReferencesWords) {
+  try {
+    parse(make_file("{" + tensor_json("w", "F4", "[3,7]", 0, 11) + "}", std::string(11, 'a')));
+    FAIL() << "accepted";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find(kSubbyteMisalignedMessage), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("84 bits"), std::string::npos) << e.what();
+  }
 }
 
 TEST(SafetensorsTest, RejectsEachMalformedFileNamingTheRule) {
@@ -249,12 +273,22 @@ TEST(SafetensorsTest, AcceptsWellFormedVariants) {
   EXPECT_FALSE(parse(make_file("{\"__metadata__\":null}")).has_metadata);
   // Every dtype name of the DType set.
   for (const DType dtype : kAllDTypes) {
-    const size_t size = dtype_size(dtype);
+    const size_t size = *checked_nbytes(Shape{4}, dtype);  // 4 x 4 and 4 x 6 bits pack
     const SafetensorsHeader h = parse(
-        make_file("{" + tensor_json("t", std::string(dtype_name(dtype)), "[3]", 0, 3 * size) + "}",
-                  std::string(3 * size, '\0')));
+        make_file("{" + tensor_json("t", std::string(dtype_name(dtype)), "[4]", 0, size) + "}",
+                  std::string(size, '\0')));
     EXPECT_EQ(h.tensors.at(0).dtype, dtype);
   }
+  // Sub-byte tensors pack on the total bit count, as in the reference: F4
+  // [2, 3] is 3 bytes even though a row is not whole bytes.
+  EXPECT_EQ(parse(make_file("{" + tensor_json("t", "F4", "[2,3]", 0, 3) + "}", "abc"))
+                .tensors.at(0)
+                .shape,
+            (Shape{2, 3}));
+  EXPECT_EQ(parse(make_file("{" + tensor_json("t", "F6_E3M2", "[4,1]", 0, 3) + "}", "abc"))
+                .tensors.at(0)
+                .end,
+            3u);
 }
 
 TEST(SafetensorsTest, ReadsTensorsZeroCopyFromTheMapping) {
@@ -321,7 +355,7 @@ TEST(SafetensorsTest, CopiesMisalignedDataToAlignedStorage) {
 }
 
 Tensor heap_tensor(DType dtype, Shape shape, uint8_t seed) {
-  const size_t nbytes = shape_numel(shape) * dtype_size(dtype);
+  const size_t nbytes = checked_nbytes(shape, dtype).value();
   auto storage = HeapStorage::allocate(nbytes);
   for (size_t i = 0; i < nbytes; ++i) {
     storage->data()[i] = static_cast<std::byte>(seed + i * 7);
@@ -360,7 +394,7 @@ TEST(SafetensorsTest, RoundTripsEveryDTypeInReferenceOrder) {
   std::vector<std::pair<std::string, Tensor>> tensors;
   uint8_t seed = 1;
   for (const DType dtype : kAllDTypes) {
-    tensors.emplace_back("t_" + std::string(dtype_name(dtype)), heap_tensor(dtype, {2, 3}, seed++));
+    tensors.emplace_back("t_" + std::string(dtype_name(dtype)), heap_tensor(dtype, {2, 4}, seed++));
   }
   tensors.emplace_back("scalar", heap_tensor(DType::kF64, {}, 9));
   tensors.emplace_back("empty", heap_tensor(DType::kI16, {0, 5}, 0));
