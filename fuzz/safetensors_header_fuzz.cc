@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "leanloader/core/checked_size.h"
 #include "leanloader/core/error.h"
 #include "leanloader/io/safetensors.h"
 
@@ -33,12 +34,15 @@ void check_invariants(const SafetensorsHeader& header, size_t size) {
   uint64_t expected = 0;
   for (const auto& entry : header.tensors) {
     check(entry.begin == expected && entry.end >= entry.begin);
-    uint64_t nbytes = leanloader::dtype_size(entry.dtype);
+    // Bits, as the reference counts them: sub-byte tensors end on a byte.
+    uint64_t nbits = leanloader::dtype_bits(entry.dtype);
     for (const int64_t dim : entry.shape) {
       check(dim >= 0);
-      nbytes *= static_cast<uint64_t>(dim);
+      nbits *= static_cast<uint64_t>(dim);
     }
-    check(entry.end - entry.begin == nbytes);
+    check(nbits % 8 == 0);
+    check(entry.end - entry.begin == nbits / 8);
+    check(leanloader::checked_nbytes(entry.shape, entry.dtype) == nbits / 8);
     expected = entry.end;
   }
   check(header.data_offset >= 8 && header.data_offset + expected == size);

@@ -87,8 +87,9 @@ def save_safetensors(
     Arrays may be NumPy arrays, torch tensors (any dtype, including bfloat16,
     float8 and ``float4_e2m1fn_x2``, written as ``F4`` with the last dimension
     doubled; CUDA tensors are copied to the host), ``leanloader.PackedTensor``
-    (written with its dtype and shape) or anything ``np.asarray`` accepts. Non-contiguous arrays are written in row-major order. ``metadata``
-    maps str to str and is stored as ``__metadata__``. Raises ``ValueError`` for a
+    (written with its dtype and shape) or anything ``np.asarray`` accepts.
+    Non-contiguous arrays are written in row-major order. ``metadata`` maps
+    str to str and is stored as ``__metadata__``. Raises ``ValueError`` for a
     tensor named ``__metadata__`` and ``OSError`` when the file cannot be written
     (no temporary file is left behind).
     """

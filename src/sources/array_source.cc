@@ -8,6 +8,13 @@ ArraySource::ArraySource(std::vector<Field> fields) : arrays_(std::move(fields))
   if (arrays_.empty()) throw InvalidArgument("ArraySource needs at least one array");
   rows_ = -1;
   for (const Field& field : arrays_) {
+    if (dtype_is_subbyte(field.array.dtype())) {
+      // Rows are addressed by element strides, which packed elements lack.
+      throw InvalidArgument("ArraySource field '" + field.name + "' is " +
+                            std::string(dtype_name(field.array.dtype())) +
+                            " (packed sub-byte elements); store it in a TensorCache or a "
+                            ".safetensors file, or pass its bytes as uint8");
+    }
     if (field.array.ndim() == 0) {
       throw InvalidArgument("ArraySource field '" + field.name +
                             "' is a scalar; samples are rows along the first dimension");

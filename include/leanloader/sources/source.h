@@ -39,7 +39,7 @@ class SampleWriter {
  public:
   virtual ~SampleWriter() = default;
   // Returns where field `field` (an index into Source::fields()) of this
-  // sample goes: exactly shape_numel(shape) * dtype_size bytes, aligned to
+  // sample goes: exactly checked_nbytes(shape, dtype) bytes, aligned to
   // kBufferAlignment or to the row size. Throws InvalidArgument when the shape
   // does not fit the batch (e.g. differs from the other samples of a stacked
   // batch).
