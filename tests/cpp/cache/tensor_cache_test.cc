@@ -359,6 +359,35 @@ TEST(TensorCacheSnapshotTest, AShuffledLoaderOverAGrowingCacheReadsOneSnapshotPe
   EXPECT_NE(warnings[0].find("from 30 to 70 samples"), std::string::npos) << warnings[0];
 }
 
+TEST(TensorCacheSnapshotTest, AResumedEpochStaysOnTheSnapshotItsStateWasCheckedAgainst) {
+  TempDir dir;
+  const std::string c = dir.file("c");
+  build(c, 30);
+  const auto cache = TensorCache::open(c);
+  LoaderOptions options;
+  options.batch_size = 4;
+  options.shuffle = true;
+  Loader first(cache, options);
+  std::vector<int> seen = run_epoch(first, 70, nullptr, /*stop_after_batches=*/3);
+  const LoaderState state = first.state();
+  ASSERT_EQ(state.position, 12u);
+  Loader second(cache, options);
+  second.load_state(state);
+  build(c, 70);
+  cache->reload();
+  // The rest of the resumed epoch: the 30-sample snapshot, no sample twice.
+  std::vector<std::string> warnings;
+  const std::vector<int> rest = run_epoch(second, 70, &warnings);
+  for (int i = 0; i < 70; ++i) {
+    EXPECT_EQ(seen[static_cast<size_t>(i)] + rest[static_cast<size_t>(i)], i < 30 ? 1 : 0) << i;
+  }
+  EXPECT_TRUE(warnings.empty());
+  // The next epoch follows the update.
+  const std::vector<int> next = run_epoch(second, 70, &warnings);
+  for (int i = 0; i < 70; ++i) EXPECT_EQ(next[static_cast<size_t>(i)], 1) << i;
+  EXPECT_EQ(warnings.size(), 1u);
+}
+
 TEST(TensorCacheSnapshotTest, APinnedLoaderKeepsTheSnapshotItWasMadeWith) {
   TempDir dir;
   const std::string c = dir.file("c");
