@@ -69,6 +69,11 @@ Tensor::Tensor(std::shared_ptr<Storage> storage, size_t byte_offset, DType dtype
                             shape_to_string(shape_) + ": " + kSubbyteMisalignedMessage);
     }
   }
+  // nbytes() relies on this: numel x itemsize fits in size_t.
+  if (!checked_nbytes_for(numel_, dtype_)) {
+    throw InvalidArgument("a " + std::string(dtype_name(dtype_)) + " tensor " +
+                          shape_to_string(shape_) + " has more bytes than the address space");
+  }
   check_bounds();
 }
 
@@ -77,19 +82,30 @@ void Tensor::check_bounds() const {
     if (byte_offset_ > storage_->size()) throw InvalidArgument("tensor offset past its storage");
     return;
   }
-  // The furthest element a view can touch is sum((dim-1) * stride).
-  size_t last = 0;
-  for (size_t i = 0; i < shape_.size(); ++i) {
+  // The furthest element a view can touch is sum((dim-1) * stride); every
+  // step is checked, since shapes and strides may come from a file.
+  std::optional<size_t> last = 0;
+  for (size_t i = 0; i < shape_.size() && last; ++i) {
     if (strides_[i] < 0) throw InvalidArgument("negative strides are not supported");
-    last += static_cast<size_t>(shape_[i] - 1) * static_cast<size_t>(strides_[i]);
+    const auto reach =
+        checked_mul(static_cast<size_t>(shape_[i] - 1), static_cast<size_t>(strides_[i]));
+    last = reach ? checked_add(*last, *reach) : std::nullopt;
   }
-  const size_t end =
-      byte_offset_ + (dtype_is_subbyte(dtype_) ? nbytes() : (last + 1) * dtype_size(dtype_));
-  if (end > storage_->size()) {
-    throw InvalidArgument("tensor view " + shape_to_string(shape_) + " of " +
-                          std::string(dtype_name(dtype_)) + " at offset " +
-                          std::to_string(byte_offset_) + " ends at byte " + std::to_string(end) +
-                          ", past its storage of " + std::to_string(storage_->size()) + " bytes");
+  std::optional<size_t> extent;
+  if (dtype_is_subbyte(dtype_)) {
+    extent = nbytes();
+  } else if (last) {
+    const auto elements = checked_add(*last, 1);
+    extent = elements ? checked_mul(*elements, dtype_size(dtype_)) : std::nullopt;
+  }
+  if (!extent || !range_fits(byte_offset_, *extent, storage_->size())) {
+    throw InvalidArgument(
+        "tensor view " + shape_to_string(shape_) + " of " + std::string(dtype_name(dtype_)) +
+        " with strides " + shape_to_string(strides_) + " at offset " +
+        std::to_string(byte_offset_) +
+        (extent ? " ends at byte " + std::to_string(byte_offset_) + " + " + std::to_string(*extent)
+                : std::string(" reaches past the address space")) +
+        ", past its storage of " + std::to_string(storage_->size()) + " bytes");
   }
 }
 

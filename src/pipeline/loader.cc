@@ -14,8 +14,9 @@ namespace leanloader {
 
 namespace {
 
-size_t round_up(size_t value, size_t multiple) {
-  return (value + multiple - 1) / multiple * multiple;
+[[noreturn]] void throw_slot_overflow(const std::string& source, int64_t batch_size) {
+  throw InvalidArgument(source + ": a batch of " + std::to_string(batch_size) +
+                        " samples does not fit in the address space; lower batch_size");
 }
 
 // collate=list slots hold variable-sized samples; size them for twice the
@@ -99,13 +100,24 @@ Loader::Loader(std::shared_ptr<const Source> source, LoaderOptions options)
       const size_t row = *row_nbytes;
       field_offsets_.push_back(slot_bytes_);
       row_bytes_.push_back(row);
-      slot_bytes_ += round_up(row * batch, kBufferAlignment);
+      const auto field_bytes = checked_mul(row, batch);
+      const auto padded =
+          field_bytes ? checked_round_up(*field_bytes, kBufferAlignment) : std::nullopt;
+      const auto total = padded ? checked_add(slot_bytes_, *padded) : std::nullopt;
+      if (!total) throw_slot_overflow(snapshot_->describe(), options_.batch_size);
+      slot_bytes_ = *total;
     }
   } else {
-    slot_bytes_ = kListSlotHeadroom * batch *
-                  (snapshot_->estimated_sample_bytes() + fields.size() * kBufferAlignment);
+    const auto per_sample =
+        checked_add(snapshot_->estimated_sample_bytes(), fields.size() * kBufferAlignment);
+    const auto per_batch = per_sample ? checked_mul(*per_sample, batch) : std::nullopt;
+    const auto total = per_batch ? checked_mul(*per_batch, kListSlotHeadroom) : std::nullopt;
+    if (!total) throw_slot_overflow(snapshot_->describe(), options_.batch_size);
+    slot_bytes_ = *total;
   }
-  slot_bytes_ = round_up(std::max<size_t>(slot_bytes_, 1), kPageBytes);
+  const auto page_rounded = checked_round_up(std::max<size_t>(slot_bytes_, 1), kPageBytes);
+  if (!page_rounded) throw_slot_overflow(snapshot_->describe(), options_.batch_size);
+  slot_bytes_ = *page_rounded;
 
   // Slots: `prefetch` batches being prepared, the batch just delivered, and
   // the previous one, which a `for` loop still holds until the new one is
@@ -287,7 +299,6 @@ void Loader::load_state(const LoaderState& state) {
 LoaderStats Loader::stats() const {
   LoaderStats stats;
   stats.read_ns = counters_->read_ns;
-  stats.transform_ns = counters_->transform_ns;
   stats.collate_ns = counters_->collate_ns;
   stats.consumer_wait_ns = counters_->consumer_wait_ns;
   stats.samples_read = counters_->samples_read;

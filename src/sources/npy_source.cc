@@ -1,6 +1,5 @@
 #include "leanloader/sources/npy_source.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -9,14 +8,35 @@
 #include <cerrno>
 
 #include "io/file_io.h"
+#include "leanloader/core/checked_size.h"
 #include "leanloader/core/error.h"
 
 namespace leanloader {
 
 namespace {
 
-size_t data_bytes(const NpyHeader& header) {
-  return shape_numel(header.shape) * dtype_size(header.dtype);
+// The bytes of the array a header describes, checked: a shape whose
+// numel x itemsize does not fit is a FormatError naming the file.
+size_t data_bytes(const NpyHeader& header, const std::string& path) {
+  const std::optional<size_t> bytes = checked_nbytes(header.shape, header.dtype);
+  if (!bytes) {
+    throw FormatError("'" + path + "': the header describes " + shape_to_string(header.shape) +
+                      " " + std::string(dtype_name(header.dtype)) +
+                      ", whose size in bytes overflows the address space");
+  }
+  return *bytes;
+}
+
+// Throws FormatError unless the header's data fits inside a file of `file_size`.
+void check_data_fits(const NpyHeader& header, size_t bytes, size_t file_size,
+                     const std::string& path) {
+  if (!range_fits(header.data_offset, bytes, file_size)) {
+    throw FormatError("'" + path + "': truncated .npy file: the header describes " +
+                      shape_to_string(header.shape) + " " + std::string(dtype_name(header.dtype)) +
+                      " (" + std::to_string(bytes) + " bytes after a " +
+                      std::to_string(header.data_offset) + "-byte header) but the file has " +
+                      std::to_string(file_size) + " bytes");
+  }
 }
 
 }  // namespace
@@ -33,13 +53,9 @@ std::shared_ptr<NpySource> NpySource::from_arrays(
     array.reader = std::make_shared<detail::File>(path);
     array.header = parse_npy_header(array.reader->read_prefix(kNpyMaxHeaderBytes), path);
     const NpyHeader& header = array.header;
-    const size_t needed = header.data_offset + data_bytes(header);
-    if (needed > array.reader->size()) {
-      throw FormatError("'" + path + "': truncated .npy file: the header describes " +
-                        shape_to_string(header.shape) + " " +
-                        std::string(dtype_name(header.dtype)) + " (" + std::to_string(needed) +
-                        " bytes) but the file has " + std::to_string(array.reader->size()));
-    }
+    // Every size below (strides, row bytes) is at most this checked total.
+    const size_t total_bytes = data_bytes(header, path);
+    check_data_fits(header, total_bytes, array.reader->size(), path);
     if (header.fortran_order) array.mapping = MappedFile::open(path);
     if (header.shape.empty()) {
       throw InvalidArgument("'" + path + "' holds a scalar; NpySource needs rows (dimension 0)");
@@ -63,7 +79,9 @@ std::shared_ptr<NpySource> NpySource::from_arrays(
                             " rows, '" + path + "' has " + std::to_string(header.shape[0]));
     }
     source->rows_ = header.shape[0];
-    source->sample_bytes_ += shape_numel(array.row_shape) * dtype_size(header.dtype);
+    // A row is part of the checked total, so its size cannot overflow, nor can
+    // the sum over fields: each is bounded by its file.
+    source->sample_bytes_ += *checked_nbytes(array.row_shape, header.dtype);
     source->specs_.push_back({name, header.dtype, array.row_shape});
     source->arrays_.push_back(std::move(array));
     paths += (paths.empty() ? "" : ", ") + path;
@@ -75,15 +93,12 @@ std::shared_ptr<NpySource> NpySource::from_arrays(
 std::shared_ptr<NpySource> NpySource::from_directory(const std::string& field_name,
                                                      const std::string& directory) {
   std::shared_ptr<NpySource> source(new NpySource());
-  DIR* dir = ::opendir(directory.c_str());
-  if (dir == nullptr) throw IoError("cannot open directory", directory, errno);
-  while (const dirent* entry = ::readdir(dir)) {
-    const std::string name = entry->d_name;
+  for (const detail::DirectoryEntry& entry : detail::list_directory(directory)) {
+    const std::string& name = entry.name;
     if (name.size() > 4 && name.compare(name.size() - 4, 4, ".npy") == 0) {
       source->files_.push_back(directory + "/" + name);
     }
   }
-  ::closedir(dir);
   if (source->files_.empty()) {
     throw InvalidArgument("directory '" + directory + "' holds no .npy files");
   }
@@ -94,7 +109,7 @@ std::shared_ptr<NpySource> NpySource::from_directory(const std::string& field_na
       detail::read_file_prefix(source->files_.front(), kNpyMaxHeaderBytes);
   const NpyHeader header = parse_npy_header(head, source->files_.front());
   source->specs_.push_back({field_name, header.dtype, header.shape});
-  source->sample_bytes_ = data_bytes(header);
+  source->sample_bytes_ = data_bytes(header, source->files_.front());
   source->description_ = "NpySource(" + directory + "/*.npy)";
   return source;
 }
@@ -138,12 +153,7 @@ void NpySource::read_from_file(int64_t index, SampleWriter& writer) const {
   if (header.fortran_order) {
     throw FormatError("'" + path + "': fortran_order=True is not supported for per-sample files");
   }
-  const size_t bytes = data_bytes(header);
-  if (header.data_offset + bytes > file.size()) {
-    throw FormatError("'" + path + "': truncated .npy file: " + std::to_string(bytes) +
-                      " data bytes expected after the header, the file has " +
-                      std::to_string(file.size() - std::min(file.size(), header.data_offset)));
-  }
+  check_data_fits(header, data_bytes(header, path), file.size(), path);
   const std::span<std::byte> dst = writer.field_buffer(0, header.shape);
   file.read_exact(header.data_offset, dst);
 }

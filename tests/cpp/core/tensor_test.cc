@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <iterator>
 #include <numeric>
 #include <optional>
@@ -99,6 +100,21 @@ TEST(TensorTest, StridedCopyMatchesElementOrder) {
 
 TEST(TensorTest, ShapeOverflowIsAnError) {
   EXPECT_THROW(shape_numel({1LL << 40, 1LL << 40}), InvalidArgument);
+}
+
+TEST(TensorTest, ViewsWhoseBytesOrReachWrapAreRejected) {
+  auto storage = HeapStorage::allocate(4096);
+  // numel fits, numel x 8 bytes wraps to 0 (a (1, 2^61) float64 header).
+  EXPECT_THROW(Tensor(storage, 0, DType::kF64, {1, int64_t{1} << 61}), InvalidArgument);
+  // A broadcast view (stride 0) whose bytes would wrap.
+  EXPECT_THROW(Tensor(storage, 0, DType::kI32, {int64_t{1} << 62}, {0}), InvalidArgument);
+  // (dim - 1) x stride wraps back inside the storage.
+  EXPECT_THROW(Tensor(storage, 0, DType::kU8, {2, 2}, {int64_t{1} << 62, 1}), InvalidArgument);
+  EXPECT_THROW(Tensor(storage, 0, DType::kU8, {5, 2}, {int64_t{1} << 62, 1}), InvalidArgument);
+  // An offset near the end of the address space.
+  EXPECT_THROW(Tensor(storage, SIZE_MAX - 2, DType::kU8, {4}), InvalidArgument);
+  // A broadcast view that stays inside is fine.
+  EXPECT_NO_THROW(Tensor(storage, 0, DType::kI32, {1000}, {0}));
 }
 
 }  // namespace

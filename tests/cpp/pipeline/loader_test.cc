@@ -357,6 +357,25 @@ TEST(LoaderTest, CloseWhileAWorkerIsBlockedInAReadReturnsWithinASecond) {
   std::this_thread::sleep_for(200ms);
 }
 
+TEST(LoaderTest, ABatchSizeWhoseSlotOverflowsIsAnErrorNotAWrappedSlot) {
+  // Rows of 1 MiB: 2^45 of them need 2^65 bytes, which wrapped to a tiny slot
+  // that rows were then written past.
+  auto bytes = HeapStorage::allocate(size_t{1} << 20);
+  auto source = std::make_shared<ArraySource>(
+      std::vector<ArraySource::Field>{{"x", Tensor(bytes, 0, DType::kU8, {1, int64_t{1} << 20})}});
+  for (const Collate collate : {Collate::kStack, Collate::kList}) {
+    LoaderOptions o = options(int64_t{1} << 45, false, 1);
+    o.collate = collate;
+    try {
+      Loader loader(source, o);
+      FAIL() << "expected an InvalidArgument for the overflowing slot";
+    } catch (const InvalidArgument& error) {
+      EXPECT_NE(std::string(error.what()).find("lower batch_size"), std::string::npos)
+          << error.what();
+    }
+  }
+}
+
 TEST(LoaderTest, BacksOffUnderMemoryPressureAndRecovers) {
   std::atomic<size_t> available{size_t{1} << 40};
   LoaderOptions o = options(10, false, 2);

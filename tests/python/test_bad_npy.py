@@ -1,0 +1,76 @@
+"""Crafted .npy files: each is a FormatError naming the file, never a crash.
+
+Each case runs in a subprocess, so a crash (SIGSEGV, an abort in torch) fails
+the test instead of killing pytest.
+"""
+
+from __future__ import annotations
+
+import struct
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+
+def npy_bytes(descr: str, fortran: bool, shape: tuple[int, ...], total: int | None = None) -> bytes:
+    """A version-1 .npy header for (descr, fortran, shape), padded with zeros to `total` bytes."""
+    header = f"{{'descr': '{descr}', 'fortran_order': {fortran}, 'shape': {shape!r}, }}"
+    encoded = header.encode("latin1")
+    pad = (64 - (10 + len(encoded) + 1) % 64) % 64
+    encoded += b" " * pad + b"\n"
+    data = b"\x93NUMPY\x01\x00" + struct.pack("<H", len(encoded)) + encoded
+    if total is not None:
+        data += b"\x00" * max(0, total - len(data))
+    return data
+
+
+CASES = {
+    # numel x itemsize wraps to 0 mod 2**64: looked like an empty array.
+    "wrap_fortran_i4": npy_bytes("<i4", True, (2**62,), total=4096),
+    "wrap_c_f8": npy_bytes("<f8", False, (1, 2**61), total=4096),
+    "wrap_c_rows": npy_bytes("<f4", False, (2**62, 2), total=4096),
+    # A plausible shape whose rows run past the end of the file.
+    "rows_past_eof_c": npy_bytes("<f4", False, (100, 64), total=1024),
+    "rows_past_eof_fortran": npy_bytes("<f4", True, (100, 64), total=1024),
+    # A void dtype with an itemsize far beyond the file (or not supported at all).
+    "huge_void": npy_bytes("|V9223372036854775807", False, (4,), total=4096),
+    "huge_void_row": npy_bytes("|V4611686018427387904", False, (2, 4), total=4096),
+}
+
+SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import leanloader as ll
+    path, output = sys.argv[1], sys.argv[2]
+    try:
+        loader = ll.Loader(ll.NpySource(path), batch_size=2, shuffle=True, seed=1,
+                           num_threads=2, output=output)
+        for batch in loader:
+            pass
+    except ll.FormatError as error:
+        print("FormatError:", error)
+        sys.exit(0)
+    print("no error")
+    sys.exit(3)
+    """
+)
+
+
+@pytest.mark.parametrize("output", ["numpy", "torch"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_crafted_npy_is_a_format_error_naming_the_file(tmp_path, case, output):
+    path = tmp_path / f"{case}.npy"
+    path.write_bytes(CASES[case])
+    result = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(path), output],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, (
+        f"exit {result.returncode}\nstdout: {result.stdout}\nstderr: {result.stderr[-2000:]}"
+    )
+    assert "FormatError:" in result.stdout
+    assert str(path) in result.stdout, result.stdout
