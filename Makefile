@@ -16,7 +16,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_PACKAGES := g++ make python3-venv libgtest-dev clang clang-format pkg-config libhdf5-dev libdeflate-dev zlib1g-dev liblz4-dev libzstd-dev
 CORE_SOURCES := $(shell find include src bindings python -type f \( -name '*.h' -o -name '*.cc' -o -name '*.py' -o -name '*.pyi' \) 2>/dev/null) CMakeLists.txt pyproject.toml
 
-.PHONY: all setup deps demo test test-cpp test-sanitize test-python test-fuzz fuzz bench format lint clean
+.PHONY: all setup deps demo test test-cpp test-sanitize test-tsan test-python test-fuzz fuzz bench format lint clean
 
 all: test
 
@@ -45,7 +45,7 @@ setup: $(VENV)/.installed
 demo: setup
 	$(BIN)/leanloader demo
 
-test: lint test-cpp test-sanitize test-fuzz test-python
+test: lint test-cpp test-sanitize test-tsan test-fuzz test-python
 
 build/cpp/build.ninja: | $(VENV)/.requirements
 	cmake -S . -B build/cpp -G Ninja -DCMAKE_BUILD_TYPE=Release -DLEANLOADER_BUILD_TESTS=ON
@@ -62,6 +62,15 @@ test-sanitize: build/asan/build.ninja
 	cmake --build build/asan
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --test-dir build/asan --output-on-failure -j2 --timeout 600
+
+build/tsan/build.ninja: | $(VENV)/.requirements
+	cmake -S . -B build/tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLEANLOADER_BUILD_TESTS=ON -DLEANLOADER_TSAN=ON
+
+# The same C++ tests under ThreadSanitizer: any data race fails the run.
+test-tsan: build/tsan/build.ninja
+	cmake --build build/tsan
+	TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+	  ctest --test-dir build/tsan --output-on-failure -j2 --timeout 600
 
 build/fuzz/build.ninja: | $(VENV)/.requirements
 	CXX=clang++ cmake -S . -B build/fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLEANLOADER_BUILD_FUZZ=ON

@@ -21,10 +21,6 @@ uint64_t elapsed_ns(Clock::time_point since) {
       std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - since).count());
 }
 
-size_t round_up(size_t value, size_t multiple) {
-  return (value + multiple - 1) / multiple * multiple;
-}
-
 constexpr size_t kSkippedDetailLimit = 100;
 // How long a worker waits for a slot to come back before allocating beyond
 // the pool: the consumer drops its previous batch right after it receives
@@ -69,10 +65,14 @@ class EpochRun::RowWriter final : public SampleWriter {
       return {row, bytes};
     }
     // collate=list: take the next aligned range of the slot's arena.
-    const size_t reserved = round_up(std::max<size_t>(bytes, 1), kBufferAlignment);
-    const size_t offset = state_.arena_cursor.fetch_add(reserved);
+    const std::optional<size_t> reserved =
+        checked_round_up(std::max<size_t>(bytes, 1), kBufferAlignment);
+    // A sample larger than the whole slot never takes from the arena, so the
+    // cursor cannot wrap; the heap allocation reports what cannot be had.
+    const bool fits_a_slot = reserved && *reserved <= slot_->size();
+    const size_t offset = fits_a_slot ? state_.arena_cursor.fetch_add(*reserved) : 0;
     Tensor tensor;
-    if (offset + reserved <= slot_->size()) {
+    if (fits_a_slot && range_fits(offset, *reserved, slot_->size())) {
       tensor = Tensor(slot_, offset, spec.dtype, shape);
     } else {
       run_.plan_.counters->heap_fallback_bytes += bytes;
@@ -142,9 +142,31 @@ void EpochRun::work(int /*worker*/) noexcept {
     const int64_t batch = position / plan_.options.batch_size;
     if (batch > failed_batch_.load())
       return;  // an earlier batch failed; nothing after it is needed
-    if (!wait_for_window(batch)) return;
-    process_sample(position);
+    // Whatever escapes the per-sample handling (reading available memory,
+    // allocating a batch's bookkeeping, finalising it) fails the batch for
+    // the consumer; nothing reaches the thread's noexcept boundary.
+    const char* stage = "wait for the prefetch window";
+    try {
+      if (!wait_for_window(batch)) return;
+      process_sample(position, stage);
+    } catch (...) {
+      fail_batch(batch, position, stage, std::current_exception());
+      return;
+    }
   }
+}
+
+void EpochRun::fail_batch(int64_t batch, int64_t position, const char* stage,
+                          std::exception_ptr cause) noexcept {
+  {
+    std::lock_guard lock(mutex_);
+    if (batch < run_failure_.batch) run_failure_ = {batch, position, stage, std::move(cause)};
+  }
+  int64_t failed = failed_batch_.load();
+  while (batch < failed && !failed_batch_.compare_exchange_weak(failed, batch)) {
+  }
+  ready_cv_.notify_all();
+  window_cv_.notify_all();
 }
 
 bool EpochRun::wait_for_window(int64_t batch) {
@@ -169,17 +191,22 @@ EpochRun::BatchState& EpochRun::open_batch(int64_t batch, std::shared_ptr<Storag
   // This worker opens the batch. The entry last held batch - prefetch, which
   // the window guarantees was delivered (moved out) already.
   const int64_t batch_size = plan_.options.batch_size;
-  state.batch = batch;
-  state.first_position = batch * batch_size;
-  state.rows = std::min(batch_size, plan_.num_positions - state.first_position);
-  state.remaining = state.rows;
-  state.arena_cursor = 0;
-  state.indices.assign(static_cast<size_t>(state.rows), -1);
-  state.skipped.assign(static_cast<size_t>(state.rows), 0);
+  const int64_t first_position = batch * batch_size;
+  const int64_t rows = std::min(batch_size, plan_.num_positions - first_position);
+  // What may throw (allocation) comes before the entry is claimed for this
+  // batch: a worker that finds state.batch == batch relies on the entry being
+  // complete. Until then the entry still belongs to a batch already delivered.
+  state.indices.assign(static_cast<size_t>(rows), -1);
+  state.skipped.assign(static_cast<size_t>(rows), 0);
   if (plan_.options.collate == Collate::kList) {
-    state.row_tensors.resize(static_cast<size_t>(state.rows));
+    state.row_tensors.resize(static_cast<size_t>(rows));
     for (auto& row : state.row_tensors) row.assign(plan_.source->fields().size(), Tensor());
   }
+  state.batch = batch;
+  state.first_position = first_position;
+  state.rows = rows;
+  state.remaining = rows;
+  state.arena_cursor = 0;
   state.error.reset();
   state.error_row = -1;
   state.slot_ready = false;
@@ -216,20 +243,24 @@ void EpochRun::check_pressure() {
   if (plan_.pressure->check(*plan_.pool)) window_cv_.notify_all();
 }
 
-void EpochRun::process_sample(int64_t position) {
+void EpochRun::process_sample(int64_t position, const char*& stage) {
   const int64_t batch = position / plan_.options.batch_size;
+  stage = "check memory pressure";
   if (position % plan_.options.batch_size == 0) check_pressure();
+  stage = "open batch";
   std::shared_ptr<Storage> slot;
   BatchState& state = open_batch(batch, slot);
   const int64_t row = position - state.first_position;
   const int64_t index = index_at(position);
   state.indices[static_cast<size_t>(row)] = index;
 
+  stage = "finalize batch";
   if (slot == nullptr) {
     // The batch has no slot (the allocation failed and is the batch's error).
     if (state.remaining.fetch_sub(1) == 1) finalize(state);
     return;
   }
+  stage = "read";
   const auto started = Clock::now();
   try {
     RowWriter writer(*this, state, slot, row);
@@ -244,10 +275,11 @@ void EpochRun::process_sample(int64_t position) {
   plan_.counters->read_ns += elapsed_ns(started);
   ++plan_.counters->samples_read;
 
+  stage = "finalize batch";
   if (state.remaining.fetch_sub(1) == 1) finalize(state);
 }
 
-int64_t EpochRun::index_at(int64_t position) const noexcept {
+int64_t EpochRun::index_at(int64_t position) const {
   const uint64_t global = plan_.shard.order_position(static_cast<uint64_t>(position));
   return static_cast<int64_t>(plan_.options.shuffle ? permutation_(global) : global);
 }
@@ -375,7 +407,8 @@ EpochIterator::Status EpochRun::next(Batch& out, std::chrono::milliseconds timeo
   }
   BatchState& state = ring_[static_cast<size_t>(delivered_ % plan_.prefetch)];
   const bool arrived = ready_cv_.wait_for(lock, timeout, [&] {
-    return cancelled_.load() || (state.batch == delivered_ && state.ready);
+    return cancelled_.load() || (state.batch == delivered_ && state.ready) ||
+           run_failure_.batch <= delivered_;
   });
   plan_.counters->consumer_wait_ns += elapsed_ns(started);
   if (!arrived) return EpochIterator::Status::kTimeout;
@@ -384,6 +417,21 @@ EpochIterator::Status EpochRun::next(Batch& out, std::chrono::milliseconds timeo
     throw Error(
         "this iteration was cancelled: a new iteration of the same Loader started, or "
         "the Loader was closed");
+  }
+  if (run_failure_.batch <= delivered_ && !(state.batch == delivered_ && state.ready)) {
+    // A worker failed outside a sample's read: the batch cannot complete.
+    finished_ = true;
+    const RunFailure failure = run_failure_;
+    lock.unlock();
+    cancel();
+    int64_t index = -1;
+    try {
+      index = index_at(failure.position);
+    } catch (...) {
+    }
+    throw make_sample_error(index, plan_.source->describe(),
+                            index >= 0 ? plan_.source->sample_location(index) : "", failure.stage,
+                            failure.cause);
   }
   state.batch = -1;
   state.slot.reset();

@@ -13,7 +13,9 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <exception>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -28,7 +30,6 @@ namespace leanloader::detail {
 
 struct LoaderCounters {
   std::atomic<uint64_t> read_ns{0};
-  std::atomic<uint64_t> transform_ns{0};
   std::atomic<uint64_t> collate_ns{0};
   std::atomic<uint64_t> consumer_wait_ns{0};
   std::atomic<uint64_t> samples_read{0};
@@ -89,14 +90,26 @@ class EpochRun final : public Job {
 
   class RowWriter;
 
+  // The first failure outside a sample's read (lowest batch wins): the
+  // consumer raises it when it reaches that batch. batch == INT64_MAX: none.
+  struct RunFailure {
+    int64_t batch = std::numeric_limits<int64_t>::max();
+    int64_t position = -1;
+    const char* stage = "";
+    std::exception_ptr cause;
+  };
+
   bool wait_for_window(int64_t batch);
+  void fail_batch(int64_t batch, int64_t position, const char* stage,
+                  std::exception_ptr cause) noexcept;
   // Lets the pressure policy move the window; called when a batch is opened
   // (never on the consumer's path).
   void check_pressure();
   BatchState& open_batch(int64_t batch, std::shared_ptr<Storage>& slot_out);
-  void process_sample(int64_t position);
+  // `stage` names what the worker is doing, for an error that escapes.
+  void process_sample(int64_t position, const char*& stage);
   // The sample index this rank visits at its local `position`.
-  int64_t index_at(int64_t position) const noexcept;
+  int64_t index_at(int64_t position) const;
   void record_failure(BatchState& state, int64_t row, SampleError error);
   void finalize(BatchState& state);
   void build_stacked(BatchState& state, const std::shared_ptr<Storage>& slot, Batch& result);
@@ -119,6 +132,7 @@ class EpochRun final : public Job {
   int64_t delivered_ = 0;
   bool finished_ = false;
   std::vector<SkippedSample> skipped_;
+  RunFailure run_failure_;  // guarded by mutex_
 };
 
 }  // namespace leanloader::detail

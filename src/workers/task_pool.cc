@@ -1,6 +1,8 @@
 #include "leanloader/workers/task_pool.h"
 
 #include <condition_variable>
+#include <exception>
+#include <map>
 #include <mutex>
 #include <set>
 #include <utility>
@@ -15,6 +17,11 @@ struct TaskPool::Queue {
   std::condition_variable task_done;
   std::deque<std::pair<int64_t, Task>> pending;
   std::set<int64_t> finished;
+  // What a task let escape, against its contract, rethrown by wait(); and a
+  // failure to record a completion at all (no memory), rethrown by every
+  // wait(): either way an error in the caller instead of std::terminate.
+  std::map<int64_t, std::exception_ptr> escaped;
+  std::exception_ptr broken;
   bool stopping = false;
 };
 
@@ -34,11 +41,23 @@ class TaskPool::Worker final : public Job {
         task = std::move(queue_->pending.front());
         queue_->pending.pop_front();
       }
-      task.second(worker);  // tasks store their own outcome and do not throw
+      std::exception_ptr escaped;
+      try {
+        task.second(worker);  // tasks store their own outcome and should not throw
+      } catch (...) {
+        escaped = std::current_exception();
+      }
       task.second = nullptr;
       {
         std::lock_guard lock(queue_->mutex);
-        if (!queue_->stopping) queue_->finished.insert(task.first);
+        if (!queue_->stopping) {
+          try {
+            if (escaped) queue_->escaped.emplace(task.first, escaped);
+            queue_->finished.insert(task.first);
+          } catch (...) {
+            queue_->broken = std::current_exception();
+          }
+        }
       }
       queue_->task_done.notify_all();
     }
@@ -73,9 +92,18 @@ int64_t TaskPool::submit(Task task) {
 
 bool TaskPool::wait(int64_t id, std::chrono::milliseconds timeout) {
   std::unique_lock lock(queue_->mutex);
-  const bool done =
-      queue_->task_done.wait_for(lock, timeout, [&] { return queue_->finished.count(id) > 0; });
-  if (done) queue_->finished.erase(id);
+  const bool done = queue_->task_done.wait_for(
+      lock, timeout, [&] { return queue_->finished.count(id) > 0 || queue_->broken; });
+  if (queue_->broken) std::rethrow_exception(queue_->broken);
+  if (done) {
+    queue_->finished.erase(id);
+    const auto escaped = queue_->escaped.find(id);
+    if (escaped != queue_->escaped.end()) {
+      const std::exception_ptr cause = escaped->second;
+      queue_->escaped.erase(escaped);
+      std::rethrow_exception(cause);
+    }
+  }
   return done;
 }
 
@@ -87,6 +115,7 @@ std::deque<TaskPool::Task> TaskPool::close(std::chrono::milliseconds deadline) {
   for (auto& entry : queue_->pending) unstarted.push_back(std::move(entry.second));
   queue_->pending.clear();
   queue_->finished.clear();
+  queue_->escaped.clear();
   return unstarted;
 }
 

@@ -6,7 +6,8 @@
 // Contract: a task runs exactly once, on one worker thread, and is told that
 // thread's index (0..num_threads-1, stable for the pool's life) so callers can
 // keep per-thread state (a worker's seed, its worker_init_fn having run).
-// A task must not throw: it stores its own outcome. wait() reports when a
+// A task should not throw: it stores its own outcome (one that does anyway
+// has its exception rethrown by wait(), never std::terminate). wait() reports when a
 // task has finished; the caller reads the outcome from wherever the task
 // stored it. Tasks never started by close() are handed back to the caller,
 // which destroys them under its own rules (the bindings hold the GIL).
@@ -37,7 +38,8 @@ class TaskPool {
   int64_t submit(Task task);
 
   // Waits up to `timeout` for task `id` to finish. True when it has; its
-  // completion is then forgotten (wait once per id).
+  // completion is then forgotten (wait once per id). A task that threw,
+  // against the contract, has its exception rethrown here.
   bool wait(int64_t id, std::chrono::milliseconds timeout);
 
   // Stops the threads (a task already running finishes first, up to

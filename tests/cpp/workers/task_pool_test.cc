@@ -39,6 +39,16 @@ TEST(TaskPool, RunsEveryTaskOnceAndReportsWorkerIndex) {
   EXPECT_FALSE(workers.empty());
 }
 
+TEST(TaskPool, ATaskThatThrowsHasItsErrorRethrownByWaitNotTerminate) {
+  TaskPool pool(2);
+  const int64_t failing = pool.submit([](int) { throw IoError("cannot read", "/x", 5); });
+  std::atomic<int> ran{0};
+  const int64_t fine = pool.submit([&](int) { ++ran; });
+  EXPECT_THROW(pool.wait(failing, milliseconds(5000)), IoError);
+  ASSERT_TRUE(pool.wait(fine, milliseconds(5000)));
+  EXPECT_EQ(ran.load(), 1);
+}
+
 TEST(TaskPool, WaitTimesOutWhileTheTaskRuns) {
   TaskPool pool(1);
   std::atomic<bool> release{false};
