@@ -154,7 +154,6 @@ void bind_loader(nb::module_& m) {
         const LoaderStats s = self.stats();
         nb::dict out;
         out["read_s"] = static_cast<double>(s.read_ns) * 1e-9;
-        out["transform_s"] = static_cast<double>(s.transform_ns) * 1e-9;
         out["collate_s"] = static_cast<double>(s.collate_ns) * 1e-9;
         out["consumer_wait_s"] = static_cast<double>(s.consumer_wait_ns) * 1e-9;
         out["samples_read"] = s.samples_read;

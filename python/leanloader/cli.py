@@ -11,11 +11,18 @@ import sys
 COMMANDS = ("demo", "bench", "estimate", "mem", "cache", "audit")
 
 
+def _version() -> str:
+    from leanloader import __version__
+
+    return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="leanloader",
         description="leanloader: data loading with native threads and a known memory bill.",
     )
+    parser.add_argument("--version", action="version", version=f"leanloader {_version()}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(f"leanloader.commands.{name}").add_parser(subparsers)

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <set>
 
+#include "io/file_io.h"
 #include "leanloader/cache/cache_manifest.h"
 #include "leanloader/core/error.h"
 
@@ -30,20 +31,15 @@ bool starts_with(std::string_view text, std::string_view prefix) noexcept {
 }
 
 std::vector<std::string> list_files(const std::string& directory) {
-  DIR* dir = ::opendir(directory.c_str());
-  if (dir == nullptr) throw IoError("cannot open directory", directory, errno);
   std::vector<std::string> names;
-  while (const dirent* entry = ::readdir(dir)) {
-    const std::string name = entry->d_name;
-    if (name == "." || name == "..") continue;
-    bool regular = entry->d_type == DT_REG;
-    if (entry->d_type == DT_UNKNOWN || entry->d_type == DT_LNK) {
+  for (const DirectoryEntry& entry : list_directory(directory)) {
+    bool regular = entry.type == DT_REG;
+    if (entry.type == DT_UNKNOWN || entry.type == DT_LNK) {
       struct stat st {};
-      regular = ::stat(join_path(directory, name).c_str(), &st) == 0 && S_ISREG(st.st_mode);
+      regular = ::stat(join_path(directory, entry.name).c_str(), &st) == 0 && S_ISREG(st.st_mode);
     }
-    if (regular) names.push_back(name);
+    if (regular) names.push_back(entry.name);
   }
-  ::closedir(dir);
   std::sort(names.begin(), names.end());
   return names;
 }

@@ -17,12 +17,16 @@ size_t parse_byte_size(const std::string& text) {
     ++pos;
   }
   if (pos == number_start) throw InvalidArgument("not a byte size: '" + text + "'");
+  // The number must be consumed whole: "1.2.3" is not 1.2 bytes.
+  const std::string number = text.substr(number_start, pos - number_start);
   double value = 0;
+  size_t consumed = 0;
   try {
-    value = std::stod(text.substr(number_start, pos - number_start));
+    value = std::stod(number, &consumed);
   } catch (const std::exception&) {
     throw InvalidArgument("not a byte size: '" + text + "'");
   }
+  if (consumed != number.size()) throw InvalidArgument("not a byte size: '" + text + "'");
   while (pos < text.size() && std::isspace(static_cast<unsigned char>(text[pos]))) ++pos;
   std::string unit;
   for (; pos < text.size(); ++pos) unit += static_cast<char>(std::tolower(text[pos]));

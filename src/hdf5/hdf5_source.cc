@@ -18,7 +18,13 @@ namespace {
 // wildcards that names a missing file is NotFound.
 std::vector<std::string> expand(const std::string& pattern) {
   glob_t matches{};
-  const int status = ::glob(pattern.c_str(), 0, nullptr, &matches);
+  // GLOB_ERR: a directory that cannot be read stops the expansion with an
+  // error instead of silently dropping the files it holds.
+  const int status = ::glob(pattern.c_str(), GLOB_ERR, nullptr, &matches);
+  if (status == GLOB_ABORTED) {
+    ::globfree(&matches);
+    throw IoError("cannot read a directory while expanding", pattern, errno != 0 ? errno : EIO);
+  }
   std::vector<std::string> paths;
   if (status == 0) {
     for (size_t i = 0; i < matches.gl_pathc; ++i) paths.emplace_back(matches.gl_pathv[i]);

@@ -1,5 +1,6 @@
 #include "io/file_io.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -156,6 +157,32 @@ void AtomicFileWriter::commit() {
   temp_.clear();  // it is the file now
   // The rename is durable only once the directory entry is on disk.
   fsync_directory(parent_directory(path_));
+}
+
+std::vector<DirectoryEntry> list_directory(const std::string& directory) {
+  DIR* dir = ::opendir(directory.c_str());
+  if (dir == nullptr) throw IoError("cannot open directory", directory, errno);
+  std::vector<DirectoryEntry> entries;
+  int read_error = 0;
+  while (true) {
+    errno = 0;
+    const dirent* entry = ::readdir(dir);
+    if (entry == nullptr) {
+      read_error = errno;  // 0 at the end of the directory
+      break;
+    }
+    const std::string_view name = entry->d_name;
+    if (name == "." || name == "..") continue;
+    try {
+      entries.push_back({std::string(name), entry->d_type});
+    } catch (...) {
+      ::closedir(dir);
+      throw;
+    }
+  }
+  ::closedir(dir);
+  if (read_error != 0) throw IoError("cannot read directory", directory, read_error);
+  return entries;
 }
 
 }  // namespace leanloader::detail

@@ -40,6 +40,17 @@ std::vector<std::byte> read_file_prefix(const std::string& path, size_t max_byte
 // Reads a whole file into a string. Throws IoError.
 std::string read_whole_file(const std::string& path);
 
+struct DirectoryEntry {
+  std::string name;
+  unsigned char type = 0;  // dirent's d_type: DT_REG, DT_DIR, DT_LNK, DT_UNKNOWN, ...
+};
+
+// The entries of `directory` in the order readdir gives them, without "." and
+// "..". Throws IoError naming the directory when it cannot be opened or when
+// reading it fails part-way (readdir's errno is checked, so a listing cut
+// short by an I/O error is never taken for the whole directory).
+std::vector<DirectoryEntry> list_directory(const std::string& directory);
+
 // The directory part of `path` ("." when it has none).
 std::string parent_directory(const std::string& path);
 

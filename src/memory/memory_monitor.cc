@@ -1,6 +1,5 @@
 #include "leanloader/memory/memory_monitor.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <linux/magic.h>
 #include <sys/stat.h>
@@ -18,6 +17,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "io/file_io.h"
 #include "leanloader/core/error.h"
 #include "memory/memory_nvml.h"
 
@@ -320,12 +320,16 @@ std::optional<std::vector<int>> children_from_tasks(const std::string& proc, int
   const std::string task_dir = proc + "/" + std::to_string(pid) + "/task";
   if (!path_exists(task_dir + "/" + std::to_string(pid) + "/children")) return std::nullopt;
   std::vector<int> children;
-  DIR* dir = ::opendir(task_dir.c_str());
-  if (dir == nullptr) return children;  // exited just now
+  std::vector<detail::DirectoryEntry> tasks;
+  try {
+    tasks = detail::list_directory(task_dir);
+  } catch (const IoError&) {
+    return children;  // exited just now
+  }
   std::string text;
-  while (const dirent* entry = ::readdir(dir)) {
-    if (!all_digits(entry->d_name)) continue;
-    if (!read_file(task_dir + "/" + entry->d_name + "/children", text)) continue;
+  for (const detail::DirectoryEntry& entry : tasks) {
+    if (!all_digits(entry.name.c_str())) continue;
+    if (!read_file(task_dir + "/" + entry.name + "/children", text)) continue;
     std::string_view view = text;
     while (!view.empty()) {
       const size_t space = view.find(' ');
@@ -335,7 +339,6 @@ std::optional<std::vector<int>> children_from_tasks(const std::string& proc, int
       view = space == std::string_view::npos ? std::string_view() : view.substr(space + 1);
     }
   }
-  ::closedir(dir);
   std::sort(children.begin(), children.end());
   return children;
 }
@@ -397,17 +400,14 @@ std::vector<int> MemoryMonitor::process_tree(int pid) const {
     return tree;
   }
   std::unordered_map<int, std::vector<int>> children;
-  DIR* dir = ::opendir(proc.c_str());
-  if (dir == nullptr) throw IoError("cannot list", proc, errno);
-  while (const dirent* entry = ::readdir(dir)) {
-    if (!all_digits(entry->d_name)) continue;
+  for (const detail::DirectoryEntry& entry : detail::list_directory(proc)) {
+    if (!all_digits(entry.name.c_str())) continue;
     // A process that exits between readdir and read is simply not there.
-    if (!read_file(proc + "/" + entry->d_name + "/stat", text)) continue;
+    if (!read_file(proc + "/" + entry.name + "/stat", text)) continue;
     if (const auto stat = parse_stat(text)) {
-      children[stat->ppid].push_back(std::atoi(entry->d_name));
+      children[stat->ppid].push_back(std::atoi(entry.name.c_str()));
     }
   }
-  ::closedir(dir);
   for (size_t i = 0; i < tree.size(); ++i) {
     const auto found = children.find(tree[i]);
     if (found == children.end()) continue;
@@ -569,12 +569,16 @@ FdSharedMemory MemoryMonitor::fd_shared_memory(const std::vector<int>& pids) con
   std::string text;
   for (int pid : pids) {
     const std::string fd_dir = proc_path(pid, "fd");
-    DIR* dir = ::opendir(fd_dir.c_str());
-    if (dir == nullptr) continue;  // exited, or another user's process
+    std::vector<detail::DirectoryEntry> descriptors;
+    try {
+      descriptors = detail::list_directory(fd_dir);
+    } catch (const IoError&) {
+      continue;  // exited, or another user's process
+    }
     std::optional<size_t> owner;
-    while (const dirent* entry = ::readdir(dir)) {
-      if (!all_digits(entry->d_name)) continue;
-      const std::string link = fd_dir + "/" + entry->d_name;
+    for (const detail::DirectoryEntry& entry : descriptors) {
+      if (!all_digits(entry.name.c_str())) continue;
+      const std::string link = fd_dir + "/" + entry.name;
       char target[4096];
       const ssize_t length = ::readlink(link.c_str(), target, sizeof(target) - 1);
       if (length <= 0) continue;
@@ -599,7 +603,6 @@ FdSharedMemory MemoryMonitor::fd_shared_memory(const std::vector<int>& pids) con
       files.emplace(key, held);
       order.push_back(key);
     }
-    ::closedir(dir);
   }
   if (files.empty()) return result;
 

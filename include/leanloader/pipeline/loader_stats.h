@@ -9,8 +9,7 @@ namespace leanloader {
 // Cumulative counters since construction (times in nanoseconds) plus the
 // current occupancy of the pool.
 struct LoaderStats {
-  uint64_t read_ns = 0;
-  uint64_t transform_ns = 0;
+  uint64_t read_ns = 0;  // reading a sample into its row: I/O, decoding, transforms
   uint64_t collate_ns = 0;
   uint64_t consumer_wait_ns = 0;
   uint64_t samples_read = 0;

@@ -16,5 +16,12 @@ TEST(ByteSize, ParsesUnits) {
   EXPECT_THROW(parse_byte_size("3 parsecs"), InvalidArgument);
 }
 
+TEST(ByteSize, RejectsANumberThatIsNotConsumedWhole) {
+  EXPECT_THROW(parse_byte_size("1.2.3"), InvalidArgument);
+  EXPECT_THROW(parse_byte_size("1..5GB"), InvalidArgument);
+  EXPECT_THROW(parse_byte_size("."), InvalidArgument);
+  EXPECT_EQ(parse_byte_size(".5KB"), 500ULL);
+}
+
 }  // namespace
 }  // namespace leanloader
