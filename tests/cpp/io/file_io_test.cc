@@ -1,0 +1,42 @@
+#include "io/file_io.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "leanloader/core/error.h"
+#include "test_util.h"
+
+namespace leanloader::detail {
+namespace {
+
+TEST(ListDirectoryTest, ListsEntriesWithoutDotAndDotDot) {
+  testing::TempDir dir;
+  for (const char* name : {"b.npy", "a.npy", "c.txt"})
+    std::ofstream(dir.path() + "/" + name) << "x";
+  std::vector<std::string> names;
+  for (const DirectoryEntry& entry : list_directory(dir.path())) names.push_back(entry.name);
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"a.npy", "b.npy", "c.txt"}));
+}
+
+TEST(ListDirectoryTest, AMissingOrUnreadableDirectoryIsAnIoErrorNamingIt) {
+  testing::TempDir dir;
+  const std::string missing = dir.path() + "/missing";
+  try {
+    list_directory(missing);
+    FAIL() << "expected an IoError";
+  } catch (const IoError& error) {
+    EXPECT_NE(std::string(error.what()).find(missing), std::string::npos) << error.what();
+  }
+  // A file is not a directory: opendir fails with ENOTDIR.
+  const std::string file = dir.path() + "/file";
+  std::ofstream(file) << "x";
+  EXPECT_THROW(list_directory(file), IoError);
+}
+
+}  // namespace
+}  // namespace leanloader::detail
