@@ -327,3 +327,33 @@ def test_bench_scenario_loaders_read_the_same_trials(tmp_path):
         got = totals(scenario_module.iterate_leanloader, {"output": "numpy", "variant": variant})
         assert got[0] == expected[0]
         assert got[1] == pytest.approx(expected[1]) and got[2] == expected[2]
+
+
+def test_largebatch_scenario_loaders_read_the_same_trials(tmp_path):
+    from leanloader.bench.scenarios import LoaderContext, get_scenario, largebatch
+    from leanloader.bench.scenarios import hdf5 as hdf5_module
+
+    scenario = get_scenario("largebatch")
+    size = {"sessions": 2, "trials": 5, "trial_shape": [6, 5, 4], "images": 3, "epochs": 1}
+    data = scenario.prepare(tmp_path, size)
+
+    def totals(function, options):
+        context = LoaderContext(size=size, data=data, options=options, seed=1)
+        fmri = image = 0.0
+        rows = 0
+        for batch in function(context):
+            fmri += float(np.asarray(batch["fmri"], dtype=np.float64).sum())
+            image += float(np.asarray(batch["image"], dtype=np.float64).sum())
+            rows += len(batch["fmri"])
+        return rows, fmri, image
+
+    expected = totals(hdf5_module.iterate_pread, {})
+    runs = [
+        (largebatch.iterate_leanloader, {"workers": 2, "mode": "thread"}),
+        (largebatch.iterate_leanloader, {"workers": 2, "mode": "process"}),
+        (largebatch.iterate_torch, {"workers": 2, "start": "fork"}),
+    ]
+    for function, options in runs:
+        got = totals(function, options)
+        assert got[0] == expected[0], options
+        assert got[1] == pytest.approx(expected[1]) and got[2] == expected[2], options
