@@ -330,3 +330,33 @@ def test_pydataset_ratios_carry_the_marginal_cost_of_a_worker():
     assert ratios["samples_per_s"] == pytest.approx(2.0)
     assert ratios["first_batch_s"] == pytest.approx(0.25)
     assert pydataset.derive_ratios(results[:3]) == {}  # no baseline: nothing to divide
+
+
+def test_timelines_cover_every_loader_and_plot(quick_report: dict, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from leanloader.bench.plot import plot_timelines
+
+    timelines = quick_report["timelines"]
+    assert set(timelines) == {row["loader"] for row in quick_report["results"]}
+    for timeline in timelines.values():
+        times = [at for at, _ in timeline["samples"]]
+        counts = [count for _, count in timeline["samples"]]
+        assert times == sorted(times) and counts == sorted(counts)
+        assert counts[-1] > 0 and timeline["unreclaimable_bytes"]
+    path = tmp_path / "bench.png"
+    plot_timelines(quick_report, path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_rate_over_time_is_the_slope_over_the_window() -> None:
+    from leanloader.bench.plot import rate_over_time
+
+    # 100 samples every 0.1 s: 1,000 samples/s once the window is full.
+    points = [(0.1 * (i + 1), 100 * (i + 1)) for i in range(20)]
+    rates = rate_over_time(points, window_s=0.5)
+    assert len(rates) == 20
+    assert rates[0][1] == pytest.approx(1000.0)  # 100 samples in the first 0.1 s
+    assert all(rate == pytest.approx(1000.0) for _, rate in rates)
+    # A stall: nothing for 1 s, then a batch.
+    stalled = [*points, (3.0, 2100)]
+    assert rate_over_time(stalled, window_s=0.5)[-1][1] == pytest.approx(100 / 1.0)

@@ -122,11 +122,14 @@ def run_loader(scenario_name: str, run_key: str, params: dict[str, Any]) -> dict
     first_batch_at = last_batch_at = first_batch_wall = last_batch_wall = 0.0
     batches = samples = total_bytes = 0
     first_samples = first_bytes = 0
+    # (wall time, samples so far) after each batch: the run's timeline.
+    progress: list[tuple[float, int]] = []
     for batch in run.function(context):
         batch_samples, batch_bytes = touch_batch(batch)
         del batch  # lets a loader reuse the batch's memory before the next one
         last_batch_at = time.perf_counter()
         last_batch_wall = time.time()
+        progress.append((last_batch_wall, samples + batch_samples))
         if batches == 0:
             first_batch_at = last_batch_at
             first_batch_wall = last_batch_wall
@@ -165,7 +168,16 @@ def run_loader(scenario_name: str, run_key: str, params: dict[str, Any]) -> dict
         "start_pss_bytes": int(memory_at_start["pss_bytes"]),
         "cpu_s": cpu_s,
         "cpu_s_per_1k_samples": cpu_s / samples * 1000.0,
+        "progress": _thin(progress),
     }
+
+
+def _thin(points: list[tuple[float, int]], limit: int = 2000) -> list[tuple[float, int]]:
+    """At most `limit` points of a timeline, evenly spaced, the last one kept."""
+    if len(points) <= limit:
+        return points
+    step = len(points) / limit
+    return [points[int(i * step)] for i in range(limit - 1)] + [points[-1]]
 
 
 def main(argv: list[str] | None = None) -> int:

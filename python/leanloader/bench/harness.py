@@ -147,6 +147,7 @@ def run_scenario(
     figures_by_run: dict[str, list[dict[str, Any]]] = {run.run_key: [] for run in runs}
     memcpy_by_threads: dict[int, list[float]] = {run.threads: [] for run in runs}
     order: list[list[str]] = []
+    timelines: dict[str, dict[str, list[tuple[float, int]]]] = {}
     for round_index in range(rounds):
         for threads, measurements in memcpy_by_threads.items():
             measurements.append(_measure_memcpy(threads))
@@ -157,6 +158,9 @@ def run_scenario(
             timing = (
                 run_child(scenario.name, run, params, sample=False) if separate_passes else memory
             )
+            timeline = memory.pop("timeline", None)
+            if timeline is not None and run.run_key not in timelines:
+                timelines[run.run_key] = timeline  # the first round's memory pass
             figures = {**memory, **{key: timing[key] for key in TIMING_FIGURES}}
             figures["samples"] = timing["samples"]
             figures_by_run[run.run_key].append(figures)
@@ -200,6 +204,7 @@ def run_scenario(
         "rounds": order,
         "separate_passes": separate_passes,
         "skipped": skipped,
+        "timelines": timelines,
     }
 
 
@@ -231,6 +236,7 @@ def run_child(
         start_new_session=True,
         text=True,
     )
+    started_wall = time.time()
     sampler = TreeMemorySampler(child.pid)
     if sample:
         sampler.start()
@@ -250,8 +256,17 @@ def run_child(
         tail = "\n".join(stderr.strip().splitlines()[-20:])
         raise BenchError(f"{run.run_key} failed (exit status {child.returncode}):\n{tail}")
     figures = json.loads(stdout.strip().splitlines()[-1])
+    progress = figures.pop("progress", [])
     if not sample:
         return figures
+    # The run over time, in seconds since the child started: samples
+    # delivered and unreclaimable memory (for `leanloader bench --plot`).
+    figures["timeline"] = {
+        "samples": [(round(at - started_wall, 4), count) for at, count in progress],
+        "unreclaimable_bytes": [
+            (round(at - started_wall, 4), value) for at, value in sampler.timeline
+        ],
+    }
     if sampler.samples == 0:
         raise BenchError(f"{run.run_key}: no memory sample was taken while it ran")
     figures.update(sampler.peaks)

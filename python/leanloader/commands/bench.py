@@ -47,6 +47,11 @@ def add_parser(subparsers: Any) -> None:
         default=None,
         help=f"where generated data is kept and reused (default: {default_data_dir()})",
     )
+    parser.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="write a PNG of samples/s and memory over time per loader (needs matplotlib)",
+    )
     # For tests: overrides one size parameter of the scenario, e.g. --set rows=128.
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help=argparse.SUPPRESS
@@ -87,4 +92,9 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
     else:
         print(format_report(report))
+    if args.plot:
+        from leanloader.bench.plot import plot_timelines
+
+        plot_timelines(report, args.plot)
+        print(f"plot written to {args.plot}", file=sys.stderr)
     return 0
