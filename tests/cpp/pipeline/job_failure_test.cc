@@ -198,7 +198,15 @@ TEST(JobFailureTest, PassesCancelledAtEveryPointLeaveNoSlotBehind) {
     // Dropping the iterator cancels the pass while workers finalise batches.
   }
   EXPECT_EQ(drain(loader), 64);
-  const LoaderStats stats = loader.stats();
+  // A worker may still be returning from the last sample it wrote (its own
+  // reference to the slot dies as it leaves): wait for the pool to settle.
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  LoaderStats stats = loader.stats();
+  while ((stats.slots_in_use != 0 || stats.overflow_slots_in_use != 0) &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(1ms);
+    stats = loader.stats();
+  }
   EXPECT_EQ(stats.slots_in_use, 0u);
   EXPECT_EQ(stats.overflow_slots_in_use, 0u);
 }
