@@ -624,3 +624,40 @@ def test_pin_memory_pins_in_a_pin_thread_in_order(workers, monkeypatch):
     assert all(b.is_pinned() for b in batches)
     assert [int(b[0, 0]) for b in batches] == list(range(0, 12, 2))
     assert pinning_threads == {"leanloader-pin-memory"}
+
+
+def test_an_iterator_outlives_its_loader_and_workers_exit_cleanly():
+    # iter(DataLoader(...)) is a common idiom: the loader is dropped at once.
+    for persistent in (False, True):
+        iterator = iter(ll.DataLoader(Numbers(), batch_size=2, num_workers=2,
+                                      persistent_workers=persistent))  # fmt: skip
+        batches = list(iterator)
+        assert len(batches) == 7
+        workers = iterator._workers
+        del iterator
+        for worker in workers:
+            worker.join(10)
+            assert worker.exitcode == 0  # (torch's tests check it)
+
+
+class Raising(Dataset):
+    def __len__(self) -> int:
+        return 41
+
+    def __getitem__(self, i: int):
+        raise NotImplementedError
+
+
+def test_errors_in_workers_raise_per_batch_and_the_pass_goes_on_like_torch():
+    def count(loader):
+        iterator, errors = iter(loader), 0
+        while True:
+            try:
+                next(iterator)
+            except NotImplementedError:
+                errors += 1
+            except StopIteration:
+                return errors
+
+    kwargs = dict(batch_size=2, shuffle=True, num_workers=2)
+    assert count(ll.DataLoader(Raising(), **kwargs)) == count(_torch(Raising(), **kwargs)) == 21

@@ -219,17 +219,13 @@ class DataLoader(_TorchDataLoader[_T_co]):
         )
 
     def close(self) -> None:
-        """Stops persistent workers (also done when the loader is collected)."""
+        """Stops persistent workers now. Without it they stop when their
+        iterator is collected: with the loader, unless the user still holds
+        the iterator (as torch's, it keeps working without its loader)."""
         iterator = self.__dict__.get("_iterator")
         if iterator is not None:
             iterator._shutdown_workers()
             self.__dict__["_iterator"] = None
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 def _refuse_unguarded_main() -> None:

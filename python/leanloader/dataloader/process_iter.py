@@ -32,6 +32,8 @@ from leanloader.dataloader.worker import (
 POLL_S = 0.1
 # A dead worker is reported within this time when timeout is 0.
 DEATH_REPORT_S = 5.0
+# How long shut-down workers get to exit on their own.
+SHUTDOWN_JOIN_S = 5.0
 
 
 class _Retained:
@@ -105,6 +107,7 @@ class ProcessIterator:
         # until the consumer drops a segment again.
         self._waiting: set[int] = set()
         self._hoarding = False
+        self._answered: set[int] = set()  # workers that sent anything
         self._pool_id = 0
         self._shutdown = False
         self._workers: list[Any] = []
@@ -355,6 +358,7 @@ class ProcessIterator:
 
     def _accept(self, message: tuple, worker: int) -> tuple[int, Any] | None:
         kind, epoch, task = message[0], message[1], message[2]
+        self._answered.add(worker)
         if epoch == self._epoch:
             self._unoffered.pop(task, None)
             self._creating.discard(task)
@@ -484,19 +488,30 @@ class ProcessIterator:
             if process.exitcode is None:
                 continue
             code = process.exitcode
+            # torch's words first (code that matches on them keeps working),
+            # then which worker, how and what it held.
             if code < 0:
                 try:
-                    how = f"was killed by signal {signal.Signals(-code).name}"
+                    name = signal.Signals(-code).name
+                    description = signal.strsignal(-code) or name
                 except ValueError:
-                    how = f"was killed by signal {-code}"
+                    name = description = str(-code)
+                torch_words = (
+                    f"DataLoader worker (pid {process.pid}) is killed by signal: {description}."
+                )
+                how = f"was killed by signal {name}"
             else:
+                torch_words = (
+                    f"DataLoader worker (pid(s) {process.pid}) exited unexpectedly with exit code "
+                    f"{code}."
+                )
                 how = f"exited with status {code}"
             pending = [self._task_index[t] for t, info in sorted(self._task_info.items())
                        if info[0] == worker_id and len(info) == 1]  # fmt: skip
+            script = getattr(sys.modules.get("__main__"), "__file__", None) or "the script"
             if code == UNGUARDED_EXIT:
-                script = getattr(sys.modules.get("__main__"), "__file__", None) or "the script"
                 raise _Dead(
-                    f"leanloader DataLoader worker {worker_id} (pid {process.pid}) exited while "
+                    f"{torch_words} leanloader DataLoader worker {worker_id} exited while "
                     f"starting: it re-ran the top level of {script}, which started a "
                     "DataLoader again (spawn imports the main module in every worker). Put the "
                     "code that builds and iterates the loader under "
@@ -508,9 +523,15 @@ class ProcessIterator:
                 hint = " (SIGKILL usually means the OOM killer: check `dmesg` and memory use)"
             elif code == -signal.SIGBUS:
                 hint = " (SIGBUS: shared memory ran out)"
+            elif code > 0 and worker_id not in self._answered:
+                hint = (
+                    " before answering any task: its error is printed above (spawn re-imports "
+                    f"{script} in each worker; a script without "
+                    '`if __name__ == "__main__":` fails there, or use worker_mode="thread")'
+                )
             raise _Dead(
-                f"leanloader DataLoader worker {worker_id} (pid {process.pid}) {how} while "
-                f"loading samples {pending}{hint}"
+                f"{torch_words} leanloader DataLoader worker {worker_id} (pid {process.pid}) "
+                f"{how} while loading samples {pending}{hint}"
             )
 
     def shutdown(self) -> None:
@@ -523,7 +544,9 @@ class ProcessIterator:
                 conn.send(None)
             except (OSError, ValueError):
                 pass
-        deadline = time.monotonic() + 1.0
+        # as torch's _shutdown_workers: workers get MP_STATUS_CHECK_INTERVAL
+        # (5 s) to exit on their own (exit code 0) before they are killed
+        deadline = time.monotonic() + SHUTDOWN_JOIN_S
         for process in self._workers:
             process.join(max(0.0, deadline - time.monotonic()))
         for process in self._workers:
