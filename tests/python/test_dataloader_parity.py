@@ -125,6 +125,23 @@ class Counting(Dataset):
         return torch.tensor([i, holding])
 
 
+class Holding(Dataset):
+    """No multiprocessing objects: pickled once into bytes for all workers."""
+
+    def __init__(self) -> None:
+        import numpy as np
+
+        self.table = np.arange(1 << 18, dtype=np.float64)  # 2 MiB: shared, not pickled
+
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int):
+        process = multiprocessing.current_process()
+        holding = sum(len(arg) for arg in process._args if isinstance(arg, (list, bytes)))
+        return torch.tensor([i, holding, int(self.table[i])])
+
+
 def nested_collate(batch):
     return torch.nested.nested_tensor([torch.arange(int(x[0]) % 3 + 1) for x in batch])
 
@@ -254,6 +271,19 @@ def test_dataset_with_multiprocessing_objects_works_with_two_workers():
     assert dataset.queue.get(timeout=5) == 11
     # Once unpickled, the worker kept none of the bytes it was sent.
     assert all(int(h) == 0 for b in batches for h in b[:, 1])
+
+
+def test_dataset_bytes_are_let_go_by_workers_and_main_process():
+    loader = ll.DataLoader(Holding(), batch_size=2, num_workers=2, persistent_workers=True)
+    iterator = iter(loader)
+    rows = torch.cat(list(iterator))
+    assert rows[:, 0].tolist() == list(range(6)) and rows[:, 2].tolist() == list(range(6))
+    assert rows[:, 1].tolist() == [0] * 6  # the workers' Process._args hold nothing
+    # nor does the main process: its Process objects dropped their arguments
+    # once started, and the loader keeps no pickled copy
+    assert not any(hasattr(worker, "_args") for worker in iterator._workers)
+    assert not any(isinstance(v, bytes) for v in vars(loader).values())
+    loader.close()
 
 
 # --- 4. uneven iterable datasets ------------------------------------------------------------

@@ -34,6 +34,8 @@ POLL_S = 0.1
 DEATH_REPORT_S = 5.0
 # How long shut-down workers get to exit on their own.
 SHUTDOWN_JOIN_S = 5.0
+# ... after a timeout, a dead worker or an interrupt (a worker may be stuck).
+ERROR_JOIN_S = 0.2
 
 
 class _Retained:
@@ -274,11 +276,11 @@ class ProcessIterator:
         except StopIteration:
             raise
         except _Dead as dead:
-            self.shutdown()
+            self.shutdown(grace=ERROR_JOIN_S)
             raise RuntimeError(str(dead)) from None
         except BaseException as error:
             if not isinstance(error, _WorkerRaised):
-                self.shutdown()
+                self.shutdown(grace=ERROR_JOIN_S)
                 raise
             raise error.error from None
 
@@ -534,7 +536,10 @@ class ProcessIterator:
                 f"{how} while loading samples {pending}{hint}"
             )
 
-    def shutdown(self) -> None:
+    def shutdown(self, grace: float = 0.0) -> None:
+        """Stops the workers: each gets `grace` seconds (SHUTDOWN_JOIN_S by
+        default) to exit on its own before it is killed."""
+        grace = grace or SHUTDOWN_JOIN_S
         if self._shutdown:
             return
         self._shutdown = True
@@ -546,7 +551,7 @@ class ProcessIterator:
                 pass
         # as torch's _shutdown_workers: workers get MP_STATUS_CHECK_INTERVAL
         # (5 s) to exit on their own (exit code 0) before they are killed
-        deadline = time.monotonic() + SHUTDOWN_JOIN_S
+        deadline = time.monotonic() + grace
         for process in self._workers:
             process.join(max(0.0, deadline - time.monotonic()))
         for process in self._workers:
