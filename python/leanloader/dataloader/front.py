@@ -145,8 +145,7 @@ class DataLoader(_TorchDataLoader[_T_co]):
             if self._iterator is None or not self._iterator.alive:
                 self._iterator = self._new_iterator()
             else:
-                self._iterator._reset(self)
-                pin_setup(self)  # torch's warnings, once per pass
+                self._iterator._reset(self)  # (torch's pin warnings come once, not here)
             inner = self._iterator
         else:
             inner = self._new_iterator()
