@@ -344,11 +344,27 @@ def test_datapipe_sharded_and_shuffled_like_torch(workers):
 # --- 6. nested tensors ---------------------------------------------------------------------
 
 
+def clone_collate(batch):
+    return [x.clone() for x in batch]
+
+
 def test_nested_tensor_batches():
     kwargs = dict(batch_size=3, num_workers=2, collate_fn=nested_collate)
     got = _epochs(ll.DataLoader(Numbers(), **kwargs), 1)
     assert got == _epochs(_torch(Numbers(), **kwargs), 1)
     assert got[0][0] == [[0], [0, 1], [0, 1, 2]]
+    # a dataset of nested tensors, one of them large (past share_threshold)
+    dataset = [torch.nested.nested_tensor([torch.randn(5), torch.randn(3)]) for _ in range(4)]
+    dataset.append(torch.nested.nested_tensor([torch.randn(300_000), torch.randn(2)]))
+    loader = ll.DataLoader(dataset, batch_size=1, num_workers=2, collate_fn=clone_collate)
+    for i, batch in enumerate(loader):
+        assert batch[0].is_nested
+        assert all(
+            torch.equal(a, b) for a, b in zip(batch[0].unbind(), dataset[i].unbind(), strict=True)
+        )
+    # torch's default collate refuses nested tensors: the same error comes back
+    with pytest.raises(RuntimeError, match="not currently supported by the default collate_fn"):
+        next(iter(ll.DataLoader(dataset, batch_size=1, num_workers=2)))
 
 
 # --- 7. worker lifetime without the garbage collector ----------------------------------------
@@ -657,12 +673,13 @@ def test_pin_memory_pins_in_a_pin_thread_in_order(workers, monkeypatch):
 
 
 def test_an_iterator_outlives_its_loader_and_workers_exit_cleanly():
-    # iter(DataLoader(...)) is a common idiom: the loader is dropped at once.
+    # iter(DataLoader(...)) is a common idiom: the loader is dropped at once,
+    # its shared copies of the dataset's arrays must outlive it.
     for persistent in (False, True):
-        iterator = iter(ll.DataLoader(Numbers(), batch_size=2, num_workers=2,
+        iterator = iter(ll.DataLoader(Holding(), batch_size=2, num_workers=2,
                                       persistent_workers=persistent))  # fmt: skip
-        batches = list(iterator)
-        assert len(batches) == 7
+        rows = torch.cat(list(iterator))
+        assert rows[:, 2].tolist() == list(range(6))
         workers = iterator._workers
         del iterator
         for worker in workers:

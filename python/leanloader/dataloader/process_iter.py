@@ -138,6 +138,9 @@ class ProcessIterator:
 
         context = loader._context
         method = context.get_start_method()
+        # The shared copies the workers attach (when they unpickle, and for
+        # their life) live as long as this iterator, even without its loader.
+        self._sharing = loader.dataset_sharing()
         payload: Any
         if method == "fork":
             payload = setup

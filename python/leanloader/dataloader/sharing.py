@@ -139,7 +139,9 @@ class DatasetSharing:
 
     def reduce_tensor(self, tensor: Any) -> Any:
         torch = self.torch
-        if tensor.device.type != "cpu" or tensor.is_sparse or tensor.is_quantized:
+        if tensor.device.type != "cpu" or tensor.layout != torch.strided or tensor.is_quantized:
+            return NotImplemented  # (sparse, nested and quantized tensors pickle as torch does)
+        if tensor.is_nested or type(tensor) not in (torch.Tensor, torch.nn.Parameter):
             return NotImplemented
         if tensor.grad_fn is not None or tensor.dtype not in torch_dtype_names():
             return NotImplemented
