@@ -108,9 +108,14 @@ def attach_segment(owner: int, fd: int, inode: int, mode: str = "shared") -> Any
     try:
         segment = _core.SharedSegment.attach(path, mode != "read", mode == "private")
     except FileNotFoundError:
+        why = (
+            "closed it (the object that shared it was dropped)"
+            if os.path.exists(f"/proc/{owner}")
+            else "has exited"
+        )
         raise RuntimeError(
             f"shared memory segment {path} is gone: the process that created it (pid {owner}) "
-            "has exited; leanloader shared data can only be unpickled while its owner lives"
+            f"{why}; leanloader shared data can only be unpickled while its owner holds it"
         ) from None
     if os.fstat(segment.fd).st_ino != inode:
         raise RuntimeError(
