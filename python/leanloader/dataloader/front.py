@@ -99,15 +99,8 @@ class DataLoader(_TorchDataLoader[_T_co]):
             prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
             pin_memory_device=pin_memory_device, in_order=in_order,
         )  # fmt: skip
-        context = self.multiprocessing_context
-        if (
-            context is not None
-            and worker_mode == "process"
-            and context.get_start_method() == "fork"
-            and not force_fork
-        ):
-            raise ValueError(FORK_REFUSED)
         self.force_fork = force_fork
+        self._refuse_fork()
         self.share_threshold = share_threshold
         self.share_in_place = share_in_place
         self.shm_dir = shm_dir
@@ -119,6 +112,16 @@ class DataLoader(_TorchDataLoader[_T_co]):
     @property
     def _index_sampler(self) -> Any:
         return self._progress.index_sampler(self, super()._index_sampler)
+
+    def _refuse_fork(self) -> None:
+        context = self.multiprocessing_context
+        if (
+            context is not None
+            and self.worker_mode == "process"
+            and context.get_start_method() == "fork"
+            and not self.force_fork
+        ):
+            raise ValueError(FORK_REFUSED)
 
     @property
     def _context(self) -> Any:
@@ -165,6 +168,7 @@ class DataLoader(_TorchDataLoader[_T_co]):
         if self.worker_mode == "thread":
             return ThreadIterator(self)
         _refuse_unguarded_main()
+        self._refuse_fork()  # (the context may have been set after construction)
         return ProcessIterator(self)
 
     # --- what worker processes receive ------------------------------------------------------
