@@ -10,7 +10,6 @@ from leanloader._core import Error, FormatError
 from leanloader.audit import audit
 from leanloader.autobatch import AutoBatch
 from leanloader.cache import TensorCache
-from leanloader.dataloader import DataLoader
 from leanloader.hdf5 import HDF5Source
 from leanloader.loader import Loader
 from leanloader.memory import memory_report
@@ -42,4 +41,19 @@ __all__ = [
     "regularization_cost",
     "save_safetensors",
 ]
+__all__ += ["install", "uninstall"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    # ll.DataLoader subclasses torch's DataLoader: torch is imported when it
+    # is first used, so that leanloader's own loaders work without torch.
+    if name == "DataLoader":
+        from leanloader.dataloader.front import DataLoader
+
+        return DataLoader
+    if name in ("install", "uninstall"):
+        from leanloader.dataloader import install as installing
+
+        return getattr(installing, name)
+    raise AttributeError(f"module 'leanloader' has no attribute {name!r}")

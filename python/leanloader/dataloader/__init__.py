@@ -1,30 +1,41 @@
-"""ll.DataLoader: torch's DataLoader API over an existing Python dataset, with
-one copy of the dataset instead of one per worker.
+"""ll.DataLoader: torch's DataLoader (a subclass of it) over an existing
+Python dataset, with one copy of the dataset instead of one per worker.
 
-What differs from ``torch.utils.data.DataLoader`` (the batches and their order
-do not: the same samplers, the same base seed drawn from ``generator`` at the
-same moment, batch i sent to worker i % num_workers, the same fetchers, the
-same per-worker seeding of random / numpy / torch):
+torch is the spec: arguments, defaults (``persistent_workers=False``...),
+validation errors, the attribute guard, warnings, the batches and their order
+are torch's: the same samplers, the same draws from ``generator`` in the same
+order (an IterDataPipe's shared seed, the sampler, the base seed: a new one
+each pass unless workers are persistent), batch i sent to worker i %
+num_workers, the same fetchers, the same per-worker seeding of random / numpy
+/ torch, ``worker_init_fn`` and a fresh copy of the dataset in every pass's
+workers, IterDataPipe sharding across workers. What differs:
 
 - Workers are started by spawn (default) or forkserver, never by fork:
   ``multiprocessing_context="fork"`` is refused unless ``force_fork=True``
-  (fork deadlocks once CUDA, OpenMP or any thread exists). Workers are
-  persistent unless ``persistent_workers=False``; they start in the
-  background while the first batches are requested.
-- The dataset is pickled once, in the main process, into bytes that every
-  worker receives. Before that, NumPy arrays of at least ``share_threshold``
-  bytes reachable through its attributes are moved into shared memory (the
-  attribute is replaced by an equal array backed by the shared segment) and
-  CPU tensors are moved like ``Tensor.share_memory_()`` would; workers map
-  those segments instead of receiving the bytes. ``np.memmap`` arrays are
-  re-mapped from their file. ``ll.SharedRecords`` travel as a reference.
-- Collated batches come back through shared-memory batch slots (a SlotPool
-  reserved with posix_fallocate, sized from the first batch): the main process
-  wraps them without copying; a slot is reused when the batch is dropped.
-  The first ``prefetch_factor * num_workers`` batches, batches larger than a
-  slot, batches sent while every slot is held by the user, and any leaf that
-  is not a CPU tensor / numeric NumPy array (strings, Python objects) travel
-  pickled through the worker's pipe.
+  (fork deadlocks once CUDA, OpenMP or any thread exists). A worker that
+  re-imports a script without a main guard stops with an error naming the
+  cause and both fixes.
+- The dataset is pickled once per pass, in the main process, into bytes that
+  every worker receives through ``Process(args=...)`` and lets go once
+  unpickled; NumPy arrays and CPU tensors of at least ``share_threshold``
+  bytes travel as references to one shared copy the loader makes the first
+  time (the dataset object is left as it was; in-place changes the main
+  process makes to those arrays later are not seen by workers: pass
+  ``share_in_place=True`` to move them into shared memory in place instead).
+  ``np.memmap`` arrays are re-mapped from their file, ``ll.SharedRecords``
+  travel as a reference. A dataset holding multiprocessing objects (Value,
+  Event, Lock, Queue...) is pickled by each ``Process.start()`` instead, as
+  those objects require.
+- Collated batches come back through shared-memory segments written by the
+  worker (sized to the batch, recycled while the consumer drops batches): the
+  main process wraps them without copying. Only batches without any numeric
+  array travel pickled through the worker's pipe; leaves that are not a
+  strided CPU tensor / numeric NumPy array (strings, nested tensors, Python
+  objects) travel pickled beside them.
+- ``worker_mode="thread"`` runs the workers as native threads (map-style
+  datasets): per-thread ``get_worker_info()``, ``worker_init_fn`` and seeds,
+  but the process-wide random generators are shared and not reseeded.
+- ``pin_memory=True`` pins in a pin thread, as torch does.
 - A worker killed by a signal raises ``RuntimeError`` naming the worker, the
   signal and its samples within ``timeout`` (or 5 s); an exception in the
   dataset or collate_fn is re-raised with its own type, args and the worker's
@@ -34,6 +45,12 @@ same per-worker seeding of random / numpy / torch):
   process (PR_SET_PDEATHSIG).
 """
 
-from leanloader.dataloader.front import DataLoader
-
 __all__ = ["DataLoader"]
+
+
+def __getattr__(name: str) -> object:
+    if name == "DataLoader":
+        from leanloader.dataloader.front import DataLoader
+
+        return DataLoader
+    raise AttributeError(f"module 'leanloader.dataloader' has no attribute {name!r}")

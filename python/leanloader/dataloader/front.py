@@ -1,21 +1,32 @@
-"""The DataLoader class: torch's arguments, validation and the choice of
-iterator (worker processes or native threads)."""
+"""The DataLoader class: a subclass of ``torch.utils.data.DataLoader`` (torch's
+arguments, validation, attribute guard, warnings and generic type), with
+leanloader's iterators: worker processes sharing one copy of the dataset,
+native threads, or the single-process iterator."""
 
 from __future__ import annotations
 
 import multiprocessing
-import multiprocessing.connection
 import pickle
+import sys
 import warnings
-from typing import Any
+from typing import Any, TypeVar
+
+try:
+    import torch
+    from torch.utils.data import DataLoader as _TorchDataLoader
+    from torch.utils.data.datapipes.datapipe import IterDataPipe, MapDataPipe
+except ImportError:  # pragma: no cover - exercised without torch only
+    raise ImportError(
+        "ll.DataLoader wraps torch.utils.data datasets and needs torch; "
+        "install torch, or use ll.Loader for leanloader's own sources"
+    ) from None
 
 from leanloader.dataloader import state as loader_state
+from leanloader.dataloader.pin import pin_setup, pinned, stop_previous_pass
 from leanloader.dataloader.process_iter import ProcessIterator
-from leanloader.dataloader.sharing import DatasetSharing
+from leanloader.dataloader.single_iter import SingleProcessIterator
 from leanloader.dataloader.thread_iter import ThreadIterator
-from leanloader.dataloader.worker import (
-    WorkerSetup,
-)
+from leanloader.dataloader.worker import WorkerSetup
 
 FORK_REFUSED = (
     "ll.DataLoader does not start workers with fork: a forked worker inherits the parent's "
@@ -23,43 +34,32 @@ FORK_REFUSED = (
     "random batches once any of them exists (see pytorch/pytorch#45198, #40403). Use 'spawn' "
     "(the default) or 'forkserver'; pass force_fork=True to use fork anyway."
 )
+UNGUARDED_MAIN = (
+    "ll.DataLoader was asked to start worker processes while {script} was being re-imported "
+    "by a worker process: with the spawn start method every worker imports the main module, "
+    "so a script whose loader code runs at the top level starts loaders again in each worker. "
+    "Fix: put the code that builds and iterates the loader under "
+    '`if __name__ == "__main__":`, or pass worker_mode="thread" (no worker processes).'
+)
 DEFAULT_WARN_COPY_BYTES = 64 << 20
 
-
-def _import_torch() -> Any:
-    try:
-        import torch
-    except ImportError:
-        raise ImportError(
-            "ll.DataLoader wraps torch.utils.data datasets and needs torch; "
-            "install torch, or use ll.Loader for leanloader's own sources"
-        ) from None
-    return torch
+_T_co = TypeVar("_T_co", covariant=True)
 
 
-def _resolve_context(context: Any, force_fork: bool) -> Any:
-    if context is None:
-        context = "spawn"
-    if isinstance(context, str):
-        method = context
-        context = multiprocessing.get_context(method)
-    else:
-        method = context.get_start_method()
-    if method == "fork" and not force_fork:
-        raise ValueError(FORK_REFUSED)
-    return context
-
-
-class DataLoader:
-    """``torch.utils.data.DataLoader``'s arguments and batches, one copy of
-    the dataset (see the module documentation).
+class DataLoader(_TorchDataLoader[_T_co]):
+    """``torch.utils.data.DataLoader``'s arguments, defaults and batches, one
+    copy of the dataset (see the package documentation for what differs).
 
     Extra keyword arguments: ``worker_mode`` (``"process"``, or ``"thread"``
     for map-style datasets whose ``__getitem__`` releases the GIL),
-    ``force_fork``, ``share_threshold`` (bytes; arrays at least this large are
-    shared once), ``shm_dir`` (default ``$LEANLOADER_SHM_DIR`` or /dev/shm),
-    ``warn_copy_bytes`` (warn once when each worker would receive more than
-    this many pickled bytes of dataset).
+    ``force_fork``, ``share_threshold`` (bytes; arrays and tensors at least
+    this large reach the workers through one shared copy), ``share_in_place``
+    (move those arrays and tensors of the dataset itself into shared memory
+    instead of sharing a copy: no second copy in the main process, but the
+    dataset's arrays are replaced and its tensors' storage moved), ``shm_dir``
+    (default ``$LEANLOADER_SHM_DIR`` or /dev/shm), ``warn_copy_bytes`` (warn
+    once when each worker would receive more than this many pickled bytes of
+    dataset).
     """
 
     def __init__(
@@ -79,85 +79,56 @@ class DataLoader:
         generator: Any = None,
         *,
         prefetch_factor: int | None = None,
-        persistent_workers: bool | None = None,
+        persistent_workers: bool = False,
+        pin_memory_device: str = "",
         in_order: bool = True,
         worker_mode: str = "process",
         force_fork: bool = False,
         share_threshold: int = 1 << 20,
+        share_in_place: bool = False,
         shm_dir: str | None = None,
         warn_copy_bytes: int = DEFAULT_WARN_COPY_BYTES,
     ) -> None:
-        torch = _import_torch()
-        if num_workers < 0:
-            raise ValueError(f"num_workers must be non-negative, got {num_workers}")
-        if timeout < 0:
-            raise ValueError(f"timeout must be non-negative, got {timeout}")
-        if num_workers == 0 and prefetch_factor is not None:
-            raise ValueError(
-                "prefetch_factor option could only be specified in multiprocessing. "
-                "let num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor "
-                "to None."
-            )
-        if persistent_workers and num_workers == 0:
-            raise ValueError("persistent_workers option needs num_workers > 0")
-        if prefetch_factor is not None and prefetch_factor < 1:
-            raise ValueError(f"prefetch_factor must be at least 1, got {prefetch_factor}")
         if worker_mode not in ("process", "thread"):
             raise ValueError(f"worker_mode must be 'process' or 'thread', got {worker_mode!r}")
-        # torch's own DataLoader (never iterated, no workers) resolves and
-        # validates sampler, batch_sampler, collate_fn and the dataset kind
-        # exactly as torch does: the source of the batch order's parity.
-        self._spec = torch.utils.data.DataLoader(
-            dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler,
-            batch_sampler=batch_sampler, num_workers=0, collate_fn=collate_fn,
-            drop_last=drop_last, generator=generator,
-        )  # fmt: skip
-        self.dataset = dataset
-        self.batch_size = self._spec.batch_size
-        self.drop_last = drop_last
-        self.sampler = self._spec.sampler
-        self.batch_sampler = self._spec.batch_sampler
-        self.generator = generator
-        self.collate_fn = self._spec.collate_fn
-        self.num_workers = num_workers
-        self.pin_memory = pin_memory
-        self.timeout = timeout
-        self.worker_init_fn = worker_init_fn
-        self.prefetch_factor = prefetch_factor if prefetch_factor is not None else 2
-        self.persistent_workers = (
-            num_workers > 0 if persistent_workers is None else bool(persistent_workers)
-        )
-        self.in_order = in_order
+        self._progress = loader_state.PassProgress()
         self.worker_mode = worker_mode
+        super().__init__(
+            dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
+            pin_memory, drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
+            prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
+            pin_memory_device=pin_memory_device, in_order=in_order,
+        )  # fmt: skip
+        self.force_fork = force_fork
+        self._refuse_fork()
         self.share_threshold = share_threshold
+        self.share_in_place = share_in_place
         self.shm_dir = shm_dir
         self.warn_copy_bytes = warn_copy_bytes
-        self.multiprocessing_context = (
-            _resolve_context(multiprocessing_context, force_fork)
-            if num_workers > 0 and worker_mode == "process"
-            else None
-        )
-        self._sharing: DatasetSharing | None = None
-        self._setup_bytes: bytes | None = None
-        self._iterator: ProcessIterator | None = None
-        self._warned_pin = False
-        self._progress = loader_state.PassProgress()
+        self._sharing: Any = None
+        self._warned_copy = False
 
-    # torch's attributes that code reads off a DataLoader.
+    # torch's attribute that the batch order comes from, recorded for state_dict().
     @property
     def _index_sampler(self) -> Any:
-        return self._progress.index_sampler(self, self._spec._index_sampler)
+        return self._progress.index_sampler(self, super()._index_sampler)
+
+    def _refuse_fork(self) -> None:
+        context = self.multiprocessing_context
+        if (
+            context is not None
+            and self.worker_mode == "process"
+            and context.get_start_method() == "fork"
+            and not self.force_fork
+        ):
+            raise ValueError(FORK_REFUSED)
 
     @property
-    def _dataset_kind(self) -> int:
-        return self._spec._dataset_kind
-
-    @property
-    def _auto_collation(self) -> bool:
-        return self._spec._auto_collation
-
-    def __len__(self) -> int:
-        return len(self._spec)
+    def _context(self) -> Any:
+        """The start method's context the workers are started with (spawn
+        when the user gave none)."""
+        context = self.multiprocessing_context
+        return multiprocessing.get_context("spawn") if context is None else context
 
     def state_dict(self) -> dict[str, Any]:
         """Where this loader stands (see ``dataloader/state.py``): the RNG state its
@@ -172,57 +143,68 @@ class DataLoader:
 
     def __iter__(self) -> Any:
         self._progress.begin(self)
-        return self._progress.counted(self, self._batches())
+        stop_previous_pass(self)
+        if self.persistent_workers and self.num_workers > 0:
+            if self._iterator is None or not self._iterator.alive:
+                self._iterator = self._new_iterator()
+            else:
+                self._iterator._reset(self)  # (torch's pin warnings come once, not here)
+            inner = self._iterator
+        else:
+            inner = self._new_iterator()
+        return self._progress.counted(self, pinned(self, inner))
 
-    def _batches(self) -> Any:
+    def _get_iterator(self) -> Any:
+        """A new iterator over one pass (torch's hook, called by frameworks
+        that subclass DataLoader)."""
+        self._progress.begin(self)
+        return self._progress.counted(self, pinned(self, self._new_iterator()))
+
+    def _new_iterator(self) -> Any:
+        pin_setup(self)
         if self.num_workers == 0:
-            return self._pinned(self._progress.single_process(self, iter(self._spec)))
+            return SingleProcessIterator(self)
+        self.check_worker_number_rationality()
         if self.worker_mode == "thread":
-            return self._pinned(ThreadIterator(self))
-        if self.persistent_workers and self._iterator is not None and self._iterator.alive:
-            self._iterator.reset()
-            return self._pinned(self._iterator)
-        iterator = ProcessIterator(self)
-        if self.persistent_workers:
-            self._iterator = iterator
-        return self._pinned(iterator)
+            return ThreadIterator(self)
+        _refuse_unguarded_main()
+        self._refuse_fork()  # (the context may have been set after construction)
+        return ProcessIterator(self)
 
-    def _pinned(self, iterator: Any) -> Any:
-        if not self.pin_memory:
-            return iterator
-        import torch
+    # --- what worker processes receive ------------------------------------------------------
 
-        if not torch.cuda.is_available():
-            if not self._warned_pin:
-                self._warned_pin = True
-                warnings.warn(
-                    "pin_memory=True has no effect: CUDA is not available here",
-                    stacklevel=3,
-                )
-            return iterator
-        from torch.utils.data._utils.pin_memory import pin_memory
+    def dataset_sharing(self) -> Any:
+        """The loader's shared copies of large arrays and tensors (kept for
+        its lifetime, reused by every pass)."""
+        if self._sharing is None:
+            from leanloader.dataloader.sharing import DatasetSharing
 
-        return (pin_memory(batch) for batch in iterator)
+            self._sharing = DatasetSharing(self.share_threshold, self.shm_dir)
+            if self.share_in_place:
+                self._sharing.share_in_place(self.dataset)
+        return self._sharing
 
-    def setup_bytes(self) -> bytes:
+    def worker_setup(self, dataset: Any = None, worker_init_fn: Any = None) -> WorkerSetup:
+        return WorkerSetup(
+            self.dataset if dataset is None else dataset, self._dataset_kind,
+            self._auto_collation, self.collate_fn, self.drop_last,
+            self.worker_init_fn if worker_init_fn is None else worker_init_fn,
+        )  # fmt: skip
+
+    def setup_bytes(self, setup: WorkerSetup | None = None) -> bytes:
         """The dataset (with collate_fn and worker_init_fn) pickled once, large
-        arrays replaced by references to shared memory. Raises
+        arrays and tensors replaced by references to shared copies. Raises
         pickle.PicklingError naming the attribute path that cannot be pickled."""
-        if self._setup_bytes is None:
-            sharing = DatasetSharing(self.share_threshold, self.shm_dir)
-            sharing.share_in_place(self.dataset)
-            setup = WorkerSetup(
-                self.dataset, self._dataset_kind, self._auto_collation, self.collate_fn,
-                self.drop_last, self.worker_init_fn,
-            )  # fmt: skip
-            try:
-                data = sharing.dumps(setup)
-            except Exception as error:
-                raise _pickling_error(setup, error) from error
-            self._sharing, self._setup_bytes = sharing, data
-            if len(data) > self.warn_copy_bytes:
-                self._warn_copy(len(data))
-        return self._setup_bytes
+        setup = self.worker_setup() if setup is None else setup
+        sharing = self.dataset_sharing()
+        try:
+            data = sharing.dumps(setup)
+        except Exception as error:
+            raise pickling_error(setup, error) from error
+        if len(data) > self.warn_copy_bytes and not self._warned_copy:
+            self._warned_copy = True
+            self._warn_copy(len(data))
+        return data
 
     def _warn_copy(self, size: int) -> None:
         from leanloader.audit import audit
@@ -236,23 +218,41 @@ class DataLoader:
         warnings.warn(
             f"each of the {self.num_workers} workers receives its own {format_bytes(size)} copy of "
             f"the dataset. Largest parts: {details or 'see ll.audit(dataset)'}",
-            stacklevel=4,
+            stacklevel=5,
         )
 
     def close(self) -> None:
-        """Stops persistent workers (also done when the loader is collected)."""
-        if self._iterator is not None:
-            self._iterator.shutdown()
-            self._iterator = None
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
+        """Stops persistent workers now. Without it they stop when their
+        iterator is collected: with the loader, unless the user still holds
+        the iterator (as torch's, it keeps working without its loader)."""
+        iterator = self.__dict__.get("_iterator")
+        if iterator is not None:
+            iterator._shutdown_workers()
+            self.__dict__["_iterator"] = None
 
 
-def _pickling_error(setup: WorkerSetup, error: Exception) -> pickle.PicklingError:
+def _refuse_unguarded_main() -> None:
+    """In a spawned process that is still importing the main module (a worker
+    re-running a script without a main guard), starting workers again cannot
+    work: say why and how to fix it, in this process and (through the exit
+    status) in the one that started it."""
+    process = multiprocessing.current_process()
+    if not getattr(process, "_inheriting", False):
+        return
+    from leanloader.dataloader.worker import UNGUARDED_EXIT
+
+    main = sys.modules.get("__main__")
+    script = (
+        getattr(main, "__file__", None) or (sys.argv[0] if sys.argv else "") or "the main module"
+    )
+    sys.stderr.write(UNGUARDED_MAIN.format(script=script) + "\n")
+    sys.stderr.flush()
+    import os
+
+    os._exit(UNGUARDED_EXIT)
+
+
+def pickling_error(setup: WorkerSetup, error: Exception) -> pickle.PicklingError:
     from leanloader.audit import _unpicklable_fix, find_unpicklable
 
     for name, value in (("dataset", setup.dataset), ("collate_fn", setup.collate_fn),
@@ -267,4 +267,8 @@ def _pickling_error(setup: WorkerSetup, error: Exception) -> pickle.PicklingErro
     return pickle.PicklingError(f"cannot send the dataset to worker processes: {error}")
 
 
-# --- the multi-process iterator ----------------------------------------------------------
+def is_datapipe(dataset: Any) -> bool:
+    return isinstance(dataset, (IterDataPipe, MapDataPipe))
+
+
+__all__ = ["DataLoader", "torch"]

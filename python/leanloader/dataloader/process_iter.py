@@ -10,6 +10,7 @@ import multiprocessing.connection
 import os
 import pickle
 import signal
+import sys
 import time
 import weakref
 from typing import TYPE_CHECKING, Any
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
 
 from leanloader import _core
 from leanloader.dataloader.worker import (
+    UNGUARDED_EXIT,
     WAIT_FOR_SLOT,
     rebuild_error,
     segment_reference,
@@ -30,6 +32,10 @@ from leanloader.dataloader.worker import (
 POLL_S = 0.1
 # A dead worker is reported within this time when timeout is 0.
 DEATH_REPORT_S = 5.0
+# How long shut-down workers get to exit on their own.
+SHUTDOWN_JOIN_S = 5.0
+# ... after a timeout, a dead worker or an interrupt (a worker may be stuck).
+ERROR_JOIN_S = 0.2
 
 
 class _Retained:
@@ -56,22 +62,30 @@ class ProcessIterator:
     datasets running out per worker), with results through batch slots."""
 
     def __init__(self, loader: DataLoader) -> None:
-        import torch
+        from leanloader.dataloader.front import is_datapipe
+        from leanloader.dataloader.single_iter import (
+            datapipe_seed,
+            distributed_settings,
+            draw_base_seed,
+        )
 
-        self._loader = loader
         self._num_workers = loader.num_workers
         self._prefetch = loader.prefetch_factor
         self._in_order = loader.in_order
         self._timeout = loader.timeout
         self._iterable = loader._dataset_kind == 1  # _DatasetKind.Iterable
         self._persistent = loader.persistent_workers
-        setup = loader.setup_bytes()
         # Same draws from the generator, in the same order, as torch's
-        # _BaseDataLoaderIter: the sampler iterator first, then the base seed.
-        self._sampler_iter = iter(loader._index_sampler)
-        self._base_seed = (
-            torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item()
-        )
+        # _BaseDataLoaderIter: an IterDataPipe's shared seed, the sampler
+        # iterator, then the base seed.
+        self._datapipe = is_datapipe(loader.dataset)
+        dataset, shared_seed = datapipe_seed(loader, loader.dataset)
+        self._index_sampler = loader._index_sampler
+        self._sampler_iter = iter(self._index_sampler)
+        self._base_seed = draw_base_seed(loader.generator)
+        sharding = distributed_settings() if self._datapipe else None
+        setup = loader.worker_setup(dataset)
+        setup.sharding = sharding
         self._epoch = 0
         # Batch segments, planned like ll.Loader's slots: one shared segment
         # per batch, created by the worker that produced the batch and sized
@@ -90,35 +104,90 @@ class ProcessIterator:
         # Tasks of this epoch whose worker makes the segment (the pool is
         # still growing): they count towards the planned number of segments.
         self._creating: set[int] = set()
+        # Tasks sent with WAIT_FOR_SLOT; once such a wait goes unanswered (the
+        # consumer keeps its batches: list(loader)), workers stop waiting
+        # until the consumer drops a segment again.
+        self._waiting: set[int] = set()
+        self._hoarding = False
+        self._answered: set[int] = set()  # workers that sent anything
         self._pool_id = 0
         self._shutdown = False
         self._workers: list[Any] = []
         self._task_conns: list[Any] = []
         self._result_conns: list[Any] = []
-        context = loader.multiprocessing_context
+        self._start_workers(loader, setup, shared_seed)
+        if self._datapipe:
+            # torch's _MultiProcessingDataLoaderIter ends its __init__ with
+            # _reset(first_iter=True), which draws (and applies here only) one
+            # more shared seed: the generator moves on as it does in torch.
+            datapipe_seed(loader, loader.dataset)
+        _live_iterators.add(self)
+        self._start_epoch()
+
+    def _start_workers(self, loader: DataLoader, setup: Any, shared_seed: Any) -> None:
+        """Starts the workers through the context's own Process machinery.
+        The dataset is pickled once into bytes that every worker receives,
+        large arrays and tensors as references to shared copies. A dataset
+        that only the start method can send (multiprocessing Value, Lock,
+        Event, Queue... are shared by inheritance) is pickled by each
+        Process.start() instead, as torch's workers receive it; with fork
+        nothing is pickled. Each worker lets its copy go once unpickled, and
+        the main process keeps none."""
+        from leanloader.dataloader.front import pickling_error
+        from leanloader.dataloader.sharing import PickledAtStart
+
+        context = loader._context
+        method = context.get_start_method()
+        # The shared copies the workers attach (when they unpickle, and for
+        # their life) live as long as this iterator, even without its loader.
+        self._sharing = loader.dataset_sharing()
+        payload: Any
+        if method == "fork":
+            payload = setup
+        else:
+            try:
+                payload = loader.setup_bytes(setup)
+            except pickle.PicklingError:
+                # mp objects refuse to be pickled outside Process.start();
+                # a genuinely unpicklable dataset fails there again (below)
+                payload = PickledAtStart(setup, loader.dataset_sharing())
         # A forkserver worker is the forkserver's child, not ours: it cannot
         # check its parent's pid (the forkserver dies with us, and so do its
         # children through PR_SET_PDEATHSIG and the closed task pipe).
-        parent = 0 if context.get_start_method() == "forkserver" else os.getpid()
-        for worker_id in range(self._num_workers):
-            task_read, task_write = context.Pipe(duplex=False)
-            result_read, result_write = context.Pipe(duplex=False)
-            process = context.Process(
-                target=worker_main,
-                args=(worker_id, self._num_workers, setup, self._base_seed, parent,
-                      task_read, result_write),
-                daemon=True,
-                name=f"leanloader-worker-{worker_id}",
-            )  # fmt: skip
-            process.start()
-            task_write.send(("config", {"shm_dir": loader.shm_dir}))
-            task_read.close()
-            result_write.close()
-            self._workers.append(process)
-            self._task_conns.append(task_write)
-            self._result_conns.append(result_read)
-        _live_iterators.add(self)
-        self._start_epoch()
+        parent = 0 if method == "forkserver" else os.getpid()
+        try:
+            for worker_id in range(self._num_workers):
+                task_read, task_write = context.Pipe(duplex=False)
+                result_read, result_write = context.Pipe(duplex=False)
+                holder = [payload]  # emptied by the worker, and here once started
+                process = context.Process(
+                    target=worker_main,
+                    args=(worker_id, self._num_workers, holder, self._base_seed, shared_seed,
+                          parent, task_read, result_write),
+                    daemon=True,
+                    name=f"leanloader-worker-{worker_id}",
+                )  # fmt: skip
+                try:
+                    process.start()
+                except Exception as error:
+                    task_write.close()
+                    result_read.close()
+                    if isinstance(payload, PickledAtStart):
+                        raise pickling_error(setup, error) from error
+                    raise
+                finally:
+                    holder.clear()
+                    task_read.close()
+                    result_write.close()
+                task_write.send(("config", {"shm_dir": loader.shm_dir}))
+                self._workers.append(process)
+                self._task_conns.append(task_write)
+                self._result_conns.append(result_read)
+        except BaseException:
+            self.shutdown()
+            raise
+        finally:
+            del payload, setup
 
     @property
     def alive(self) -> bool:
@@ -128,14 +197,19 @@ class ProcessIterator:
         return self
 
     def __len__(self) -> int:
-        return len(self._loader)
+        return len(self._index_sampler)
 
-    def reset(self) -> None:
-        """A new epoch on the same (persistent) workers."""
-        self._sampler_iter = iter(self._loader._index_sampler)
+    def _reset(self, loader: DataLoader) -> None:
+        """A new epoch on the same (persistent) workers: no new base seed, a
+        new shared seed for an IterDataPipe (torch's _reset)."""
+        from leanloader.dataloader.single_iter import datapipe_seed
+
+        self._index_sampler = loader._index_sampler
+        self._sampler_iter = iter(self._index_sampler)
+        shared_seed = datapipe_seed(loader, loader.dataset)[1] if self._datapipe else None
         self._epoch += 1
         for conn in self._task_conns:
-            conn.send(("resume", self._epoch))
+            conn.send(("resume", self._epoch, shared_seed))
         self._start_epoch()
 
     def _start_epoch(self) -> None:
@@ -151,6 +225,7 @@ class ProcessIterator:
         self._worker_cycle = itertools.cycle(range(self._num_workers))
         self._unoffered = {}
         self._creating = set()
+        self._waiting = set()
         for _ in range(self._prefetch * self._num_workers):
             self._try_put_index()
 
@@ -180,7 +255,9 @@ class ProcessIterator:
             if self._pool_full():
                 # The pool is as large as planned: the worker waits a moment
                 # for a segment the consumer drops before it makes another.
-                slot = WAIT_FOR_SLOT
+                slot = None if self._hoarding else WAIT_FOR_SLOT
+                if slot is not None:
+                    self._waiting.add(self._send_idx)
             else:
                 self._creating.add(self._send_idx)
         self._task_conns[worker].send(("fetch", self._epoch, self._send_idx, index, slot))
@@ -202,11 +279,11 @@ class ProcessIterator:
         except StopIteration:
             raise
         except _Dead as dead:
-            self.shutdown()
+            self.shutdown(grace=ERROR_JOIN_S)
             raise RuntimeError(str(dead)) from None
         except BaseException as error:
             if not isinstance(error, _WorkerRaised):
-                self.shutdown()
+                self.shutdown(grace=ERROR_JOIN_S)
                 raise
             raise error.error from None
 
@@ -231,10 +308,15 @@ class ProcessIterator:
                 return self._process(data, worker)
             task, data = self._get_data()
             self._tasks_outstanding -= 1
-            if data is _STOP:
-                self._workers_status[self._task_info[task][0]] = False
+            if isinstance(data, _Stop):
+                # (its later tasks, already sent, answer "stop" too: they
+                # were dropped from _task_info above or are dropped here)
+                self._workers_status[data.worker] = False
+                self._task_info.pop(task, None)
                 self._try_put_index()
                 continue
+            if task not in self._task_info:
+                continue  # a task of a worker that ran out (cannot carry a batch)
             if task != self._rcvd_idx:
                 if not self._in_order:
                     worker = self._task_info.pop(task)[0]
@@ -281,6 +363,7 @@ class ProcessIterator:
 
     def _accept(self, message: tuple, worker: int) -> tuple[int, Any] | None:
         kind, epoch, task = message[0], message[1], message[2]
+        self._answered.add(worker)
         if epoch == self._epoch:
             self._unoffered.pop(task, None)
             self._creating.discard(task)
@@ -293,7 +376,7 @@ class ProcessIterator:
             return None
         if kind == "stop":
             self._drop_slot(task)
-            return task, _STOP
+            return task, _Stop(worker)
         if kind == "error":
             self._drop_slot(task)
             return task, _WorkerError(message[3])
@@ -306,6 +389,9 @@ class ProcessIterator:
             # when the task was sent, or the offered one was too small).
             _, (owner, fd, inode), size, template = payload
             offered = self._task_slot.pop((epoch, task), None)
+            if task in self._waiting and offered is None:
+                self._hoarding = True  # the wait was in vain
+            self._waiting.discard(task)
             try:
                 segment = _core.SharedSegment.attach(f"/proc/{owner}/fd/{fd}")
             finally:
@@ -381,6 +467,7 @@ class ProcessIterator:
         slot_id = pool.acquire()
         if slot_id is None:
             return None
+        self._hoarding = False  # the consumer let a segment go
         self._task_slot[(self._epoch, task)] = (pool, slot_id)
         return (kept.pool_id, segment_reference(pool.segment), slot_id, pool.slot_bytes,
                 pool.slot_offset(slot_id))  # fmt: skip
@@ -406,26 +493,56 @@ class ProcessIterator:
             if process.exitcode is None:
                 continue
             code = process.exitcode
+            # torch's words first (code that matches on them keeps working),
+            # then which worker, how and what it held.
             if code < 0:
                 try:
-                    how = f"was killed by signal {signal.Signals(-code).name}"
+                    name = signal.Signals(-code).name
+                    description = signal.strsignal(-code) or name
                 except ValueError:
-                    how = f"was killed by signal {-code}"
+                    name = description = str(-code)
+                torch_words = (
+                    f"DataLoader worker (pid {process.pid}) is killed by signal: {description}."
+                )
+                how = f"was killed by signal {name}"
             else:
+                torch_words = (
+                    f"DataLoader worker (pid(s) {process.pid}) exited unexpectedly with exit code "
+                    f"{code}."
+                )
                 how = f"exited with status {code}"
             pending = [self._task_index[t] for t, info in sorted(self._task_info.items())
                        if info[0] == worker_id and len(info) == 1]  # fmt: skip
+            script = getattr(sys.modules.get("__main__"), "__file__", None) or "the script"
+            if code == UNGUARDED_EXIT:
+                raise _Dead(
+                    f"{torch_words} leanloader DataLoader worker {worker_id} exited while "
+                    f"starting: it re-ran the top level of {script}, which started a "
+                    "DataLoader again (spawn imports the main module in every worker). Put the "
+                    "code that builds and iterates the loader under "
+                    '`if __name__ == "__main__":`, or pass worker_mode="thread" to '
+                    "ll.DataLoader (no worker processes)."
+                )
             hint = ""
             if code == -signal.SIGKILL:
                 hint = " (SIGKILL usually means the OOM killer: check `dmesg` and memory use)"
             elif code == -signal.SIGBUS:
                 hint = " (SIGBUS: shared memory ran out)"
+            elif code > 0 and worker_id not in self._answered:
+                hint = (
+                    " before answering any task: its error is printed above (spawn re-imports "
+                    f"{script} in each worker; a script without "
+                    '`if __name__ == "__main__":` fails there, or use worker_mode="thread")'
+                )
             raise _Dead(
-                f"leanloader DataLoader worker {worker_id} (pid {process.pid}) {how} while "
-                f"loading samples {pending}{hint}"
+                f"{torch_words} leanloader DataLoader worker {worker_id} (pid {process.pid}) "
+                f"{how} while loading samples {pending}{hint}"
             )
 
-    def shutdown(self) -> None:
+    def shutdown(self, grace: float = 0.0) -> None:
+        """Stops the workers: each gets `grace` seconds (SHUTDOWN_JOIN_S by
+        default) to exit on its own before it is killed."""
+        grace = grace or SHUTDOWN_JOIN_S
         if self._shutdown:
             return
         self._shutdown = True
@@ -435,7 +552,9 @@ class ProcessIterator:
                 conn.send(None)
             except (OSError, ValueError):
                 pass
-        deadline = time.monotonic() + 1.0
+        # as torch's _shutdown_workers: workers get MP_STATUS_CHECK_INTERVAL
+        # (5 s) to exit on their own (exit code 0) before they are killed
+        deadline = time.monotonic() + grace
         for process in self._workers:
             process.join(max(0.0, deadline - time.monotonic()))
         for process in self._workers:
@@ -447,6 +566,9 @@ class ProcessIterator:
         self._release_pending()
         self._retained = []
         self._unoffered = {}
+
+    # torch's name, called by frameworks (e.g. to end a subclass's iterator)
+    _shutdown_workers = shutdown
 
     def __del__(self) -> None:
         try:
@@ -461,7 +583,15 @@ class _WorkerRaised(Exception):
         self.error = error
 
 
-_STOP = object()
+class _Stop:
+    """A worker's iterable dataset ran out."""
+
+    __slots__ = ("worker",)
+
+    def __init__(self, worker: int) -> None:
+        self.worker = worker
+
+
 _live_iterators: weakref.WeakSet[ProcessIterator] = weakref.WeakSet()
 
 

@@ -1,17 +1,29 @@
-"""Sharing a dataset once: large arrays and CPU tensors moved into shared
-segments, and a pickler that sends references to those segments instead of
-their bytes."""
+"""Sharing a dataset once: large arrays and CPU tensors copied into shared
+segments (or, opted in, moved there in place), and a pickler that sends
+references to those segments instead of their bytes.
+
+The dataset object the user passed is left as it was: the pickler sends a
+reference to a shared *copy* of each large array or tensor, made the first
+time it is pickled and reused for the loader's lifetime (so writes the main
+process makes to that array later are not seen by workers started after
+them; torch would pickle them again). ``share_in_place=True`` instead moves
+the arrays (attributes replaced by equal arrays backed by shared memory) and
+tensors (their storage moved, as ``Tensor.share_memory_()``) of the dataset
+itself: no second copy in the main process, and its later writes are seen."""
 
 from __future__ import annotations
 
+import copyreg
 import io
 import pickle
 import sys
+import weakref
 from typing import Any
 
 from leanloader import _core
 from leanloader.dataloader.worker import (
     NUMPY_TO_NAME,
+    identity,
     rebuild_array,
     rebuild_memmap,
     rebuild_tensor,
@@ -32,6 +44,11 @@ class DatasetSharing:
         self.shm_dir = shm_dir
         self.segments: list[Any] = []
         self.moved_tensors: dict[int, Any] = {}  # old storage address -> shared storage
+        self.in_place = False
+        # id(array) -> (weak reference to it, its shared copy)
+        self.array_copies: dict[int, tuple[Any, Any]] = {}
+        # (storage address, bytes) -> (weak reference to the storage's tensor, shared storage)
+        self.storage_copies: dict[tuple[int, int], Any] = {}
         self.torch = sys.modules.get("torch")
 
     def share_in_place(self, dataset: Any) -> int:
@@ -41,6 +58,7 @@ class DatasetSharing:
 
         from leanloader.audit import walk
 
+        self.in_place = True
         moved = 0
         replacements = []
         for _path, value, container, key in walk(dataset):
@@ -76,10 +94,25 @@ class DatasetSharing:
         shared = segment.array(0, NUMPY_TO_NAME[array.dtype.str], list(array.shape), "numpy")
         return shared.view(array.dtype)
 
-    def dumps(self, obj: Any) -> bytes:
+    def dumps(self, obj: Any, forking: bool = False) -> bytes:
+        """`obj` pickled with references to shared segments. With `forking`
+        (inside Process.start()), multiprocessing's own reducers apply too:
+        Value, Lock, Event, Queue... are sent as the start method sends them."""
         buffer = io.BytesIO()
-        SharingPickler(buffer, self).dump(obj)
+        SharingPickler(buffer, self, forking).dump(obj)
         return buffer.getvalue()
+
+    def _shared_copy(self, array: Any, np: Any) -> Any:
+        """The shared copy of `array`, made once per array object."""
+        kept = self.array_copies.get(id(array))
+        if kept is not None and kept[0]() is array:
+            return kept[1]
+        shared = self._to_segment(array, np)
+        try:
+            self.array_copies[id(array)] = (weakref.ref(array), shared)
+        except TypeError:
+            pass  # an array type without weak references: copied each time
+        return shared
 
     def reduce_array(self, array: Any) -> Any:
         import mmap
@@ -98,7 +131,7 @@ class DatasetSharing:
         address = array.__array_interface__["data"][0]
         segment = _core.find_shared_segment(address)
         if segment is None or not array.flags.c_contiguous:
-            shared = self._to_segment(array, np)  # one copy for all workers
+            shared = self._shared_copy(array, np)  # one copy for all workers
             address = shared.__array_interface__["data"][0]
             segment = _core.find_shared_segment(address)
         offset = address - segment.address
@@ -106,7 +139,9 @@ class DatasetSharing:
 
     def reduce_tensor(self, tensor: Any) -> Any:
         torch = self.torch
-        if tensor.device.type != "cpu" or tensor.is_sparse or tensor.is_quantized:
+        if tensor.device.type != "cpu" or tensor.layout != torch.strided or tensor.is_quantized:
+            return NotImplemented  # (sparse, nested and quantized tensors pickle as torch does)
+        if tensor.is_nested or type(tensor) not in (torch.Tensor, torch.nn.Parameter):
             return NotImplemented
         if tensor.grad_fn is not None or tensor.dtype not in torch_dtype_names():
             return NotImplemented
@@ -115,7 +150,7 @@ class DatasetSharing:
             return NotImplemented
         segment = _core.find_shared_segment(storage.data_ptr())
         if segment is None:
-            storage = self._move_tensor(tensor)
+            storage = self._move_tensor(tensor) if self.in_place else self._copy_storage(tensor)
             segment = _core.find_shared_segment(storage.data_ptr())
         offset = storage.data_ptr() - segment.address
         dtype = str(tensor.dtype).removeprefix("torch.")
@@ -126,6 +161,25 @@ class DatasetSharing:
              tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()),
              bool(tensor.requires_grad), parameter),
         )  # fmt: skip
+
+    def _copy_storage(self, tensor: Any) -> Any:
+        """A shared copy of the tensor's storage, made once per storage while
+        that storage lives; the tensor itself is left as it was."""
+        torch = self.torch
+        old = tensor.untyped_storage()
+        key = (old.data_ptr(), old.nbytes())
+        kept = self.storage_copies.get(key)
+        if kept is not None and kept[0]() is not None:
+            return kept[1]
+        segment = _core.SharedSegment.create(max(1, old.nbytes()), self.shm_dir)
+        self.segments.append(segment)
+        raw = segment.array(0, "U8", [old.nbytes()], "torch")
+        raw.copy_(torch.empty(0, dtype=torch.uint8).set_(old))
+        shared_storage = raw.untyped_storage()
+        # the copy stays valid while the original storage is alive (a tensor
+        # viewing it); a new storage at the same address gets a new copy
+        self.storage_copies[key] = (weakref.ref(tensor), shared_storage)
+        return shared_storage
 
     def _move_tensor(self, tensor: Any) -> Any:
         """Moves the tensor's storage into a segment in place (as
@@ -161,9 +215,36 @@ def _owns_its_bytes(array: Any, np: Any) -> bool:
     return base is None
 
 
+class PickledAtStart:
+    """A worker's setup for datasets that only Process.start() can pickle
+    (they hold multiprocessing objects): pickled, with references to shared
+    segments, while the start method sends the Process, and received by the
+    worker as bytes."""
+
+    def __init__(self, setup: Any, sharing: DatasetSharing) -> None:
+        self.setup, self.sharing = setup, sharing
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return (identity, (self.sharing.dumps(self.setup, forking=True),))
+
+
+def _forking_dispatch_table() -> dict:
+    """multiprocessing's reducers (connections, shared ctypes, ...) without
+    torch's, which would move tensors into torch's shared memory in place."""
+    from multiprocessing.reduction import ForkingPickler
+
+    table = copyreg.dispatch_table.copy()
+    for cls, reduce in ForkingPickler._extra_reducers.items():
+        if not getattr(reduce, "__module__", "").startswith("torch"):
+            table[cls] = reduce
+    return table
+
+
 class SharingPickler(pickle.Pickler):
-    def __init__(self, file: Any, sharing: DatasetSharing) -> None:
+    def __init__(self, file: Any, sharing: DatasetSharing, forking: bool = False) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        if forking:
+            self.dispatch_table = _forking_dispatch_table()
         self._sharing = sharing
         self._np = sys.modules.get("numpy")
         self._torch = sys.modules.get("torch")

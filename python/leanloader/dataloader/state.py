@@ -93,17 +93,18 @@ class PassProgress:
         self.yielded = 0
         self.rng_at_start = None
 
-    def single_process(self, loader: DataLoader, iterator: Any) -> Any:
-        """num_workers=0: torch's own iterator, its sampler iterator recorded."""
-        inner = iterator._sampler_iter
-        iterator._sampler_iter = self.recorded(lambda: inner)
-        return iterator
-
     def counted(self, loader: DataLoader, iterator: Iterator) -> Iterator:
         """The pass's batches, counted; an iterable dataset without its own
         state skips the batches already yielded by reading them."""
         discard, self._discard = self._discard, 0
-        return _Counted(self, iterator, discard)
+        counted = _Counted(self, iterator, discard)
+        if loader._dataset_kind == 1:  # torch's check of an IterableDataset's __len__
+            counted.length_check = (
+                loader._IterableDataset_len_called,
+                loader.dataset,
+                loader.num_workers,
+            )
+        return counted
 
     # -- the sampler side -----------------------------------------------------------------
 
@@ -149,6 +150,8 @@ class _Counted:
         self._progress = progress
         self._inner = inner
         self._discard = discard
+        self._num_yielded = 0
+        self.length_check: tuple[int | None, Any, int] | None = None
 
     def __iter__(self) -> _Counted:
         return self
@@ -166,13 +169,37 @@ class _Counted:
             progress.yielded = 0
             raise
         progress.yielded += 1
+        self._num_yielded += 1
+        if self.length_check is not None and self.length_check[0] is not None:
+            self._warn_length()
         return batch
+
+    def _warn_length(self) -> None:
+        """torch's warning, in torch's words and under its condition."""
+        import warnings
+
+        reported, dataset, num_workers = self.length_check  # type: ignore[misc]
+        if self._num_yielded <= reported:
+            return
+        message = (
+            f"Length of IterableDataset {dataset} was reported to be {reported}"
+            f"(when accessing len(dataloader)), but {self._num_yielded} samples have been "
+            "fetched. "
+        )
+        if num_workers > 0:
+            message += (
+                "For multiprocessing data-loading, this could be caused by not properly "
+                "configuring the IterableDataset replica at each worker. Please see "
+                "https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset "
+                "for examples."
+            )
+        warnings.warn(message, stacklevel=2)
 
     def __len__(self) -> int:
         return len(self._inner)  # type: ignore[arg-type]
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
+        return getattr(self.__dict__["_inner"], name)
 
 
 def state_dict(loader: DataLoader) -> dict[str, Any]:
@@ -226,8 +253,8 @@ def load_state_dict(loader: DataLoader, state: dict[str, Any]) -> None:
     done = int(state["batches_yielded"])
     progress: PassProgress = loader._progress
     if state.get("generator_state") is not None:
-        if loader.num_workers > 0 and loader.worker_mode == "process" and loader.persistent_workers:
-            # persistent workers draw no new base seed after the first pass:
+        if loader.num_workers > 0 and loader.persistent_workers:
+            # persistent workers (processes or threads) draw no new base seed after the first pass:
             # the next pass's sampler draws straight from this state
             progress._resume = {"rng_state": state["generator_state"], "batches_yielded": 0}
             progress._discard = 0

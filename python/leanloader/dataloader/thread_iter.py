@@ -1,41 +1,134 @@
-"""worker_mode="thread": the dataset runs on native threads owned by the engine."""
+"""worker_mode="thread": the dataset runs on native threads owned by the engine.
+
+Each thread is a worker as torch's processes are: worker i has its
+``get_worker_info()`` (id, num_workers, seed = base seed + i, the dataset)
+and runs ``worker_init_fn(i)`` before its first sample of a pass
+(non-persistent) or of the iterator's life (``persistent_workers=True``).
+The base seed is drawn from the generator when torch draws it: every pass,
+or once with persistent workers. What threads cannot have is a random state
+of their own: ``random``, ``numpy.random`` and torch's global generator are
+the process's, shared by the threads and not reseeded (the training loop's
+draws would change); a dataset that needs per-worker randomness seeds its own
+generator from ``get_worker_info().seed``.
+"""
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from leanloader.dataloader.front import DataLoader
 
+from leanloader.dataloader.single_iter import draw_base_seed
 
-# --- threads --------------------------------------------------------------------------------
+# --- get_worker_info() per thread -----------------------------------------------------------
+
+_THREAD_INFO = threading.local()
+_PATCH_LOCK = threading.Lock()
+
+_GET_WORKER_INFO = """
+def get_worker_info():
+    info = getattr(_leanloader_thread_info, "info", None)
+    return _worker_info if info is None else info
+"""
 
 
-def _fetch_in_thread(task: tuple[DataLoader, Any], worker: int) -> Any:
-    loader, index = task
-    if loader._auto_collation:
-        return loader.collate_fn([loader.dataset[i] for i in index])
-    return loader.collate_fn(loader.dataset[index])
+def _thread_aware_worker_info() -> None:
+    """Makes torch's get_worker_info() answer the calling thread's worker info
+    when it runs in a leanloader worker thread (torch keeps one module global,
+    right for processes only). The function object is kept, so every name
+    already bound to it (``from torch.utils.data import get_worker_info``)
+    sees the change; outside worker threads it returns what it always did."""
+    from torch.utils.data._utils import worker as torch_worker
+
+    with _PATCH_LOCK:
+        if getattr(torch_worker, "_leanloader_thread_info", None) is _THREAD_INFO:
+            return
+        torch_worker._leanloader_thread_info = _THREAD_INFO
+        namespace: dict[str, Any] = {}
+        exec(_GET_WORKER_INFO, torch_worker.__dict__, namespace)
+        torch_worker.get_worker_info.__code__ = namespace["get_worker_info"].__code__
+
+
+class ThreadWorkers:
+    """What the worker threads of one set share: the dataset, collate_fn,
+    each worker's info and whether its init function ran. Holds no loader
+    and no iterator (a queued task held by C++ must not form a cycle)."""
+
+    def __init__(self, loader: DataLoader, base_seed: int) -> None:
+        from torch.utils.data._utils.worker import WorkerInfo
+
+        self.dataset = loader.dataset
+        self.collate_fn = loader.collate_fn
+        self.auto_collation = loader._auto_collation
+        self.worker_init_fn = loader.worker_init_fn
+        n = loader.num_workers
+        self.infos = [
+            WorkerInfo(id=i, num_workers=n, seed=base_seed + i, dataset=self.dataset)
+            for i in range(n)
+        ]
+        self.started = [False] * n
+        self.lock = threading.Lock()
+
+    def enter(self, worker: int) -> None:
+        _THREAD_INFO.info = self.infos[worker]
+        if not self.started[worker]:
+            with self.lock:
+                first = not self.started[worker]
+                self.started[worker] = True
+            if first and self.worker_init_fn is not None:
+                self.worker_init_fn(worker)
+
+
+def _fetch_in_thread(task: tuple[ThreadWorkers, Any], worker: int) -> Any:
+    workers, index = task
+    workers.enter(worker)
+    try:
+        if workers.auto_collation:
+            return workers.collate_fn([workers.dataset[i] for i in index])
+        return workers.collate_fn(workers.dataset[index])
+    finally:
+        _THREAD_INFO.info = None
 
 
 class ThreadIterator:
     """worker_mode="thread": __getitem__ and collate_fn run in native threads
     owned by leanloader (its Executor), for map-style datasets that release
-    the GIL. Same order, same base seed draw, no pickling and no copies."""
+    the GIL. Same order, same base seed draws, no pickling and no copies."""
 
     def __init__(self, loader: DataLoader) -> None:
-        import torch
-
         from leanloader import _core
 
         if loader._dataset_kind != 0:
             raise ValueError("worker_mode='thread' supports map-style datasets only")
-        self._loader = loader
-        self._sampler_iter = iter(loader._index_sampler)
-        torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
+        _thread_aware_worker_info()
+        self._num_workers = loader.num_workers
+        self._depth = loader.prefetch_factor * loader.num_workers
+        self._timeout = float(loader.timeout or 0)
+        self._index_sampler = loader._index_sampler
+        self._sampler_iter = iter(self._index_sampler)
+        self._base_seed = draw_base_seed(loader.generator)
+        self._workers = ThreadWorkers(loader, self._base_seed)
         self._pool = _core.PythonTaskPool(loader.num_workers)
         self._pending: list[int] = []
-        self._depth = loader.prefetch_factor * loader.num_workers
+        self.alive = True
+        self._prime()
+
+    def _reset(self, loader: DataLoader) -> None:
+        """A new pass on the same (persistent) threads: no new base seed, no
+        new init calls, as torch's persistent workers."""
+        for task in self._pending:
+            try:
+                self._pool.result(task, timeout=self._timeout)
+            except Exception:
+                pass  # a sample of the pass left early
+        self._pending = []
+        self._index_sampler = loader._index_sampler
+        self._sampler_iter = iter(self._index_sampler)
+        self._prime()
+
+    def _prime(self) -> None:
         for _ in range(self._depth):
             self._submit()
 
@@ -44,23 +137,30 @@ class ThreadIterator:
             index = next(self._sampler_iter)
         except StopIteration:
             return
-        # The task must not reference this iterator: a queued task held in
-        # C++ would keep it alive in a cycle the garbage collector cannot see.
-        self._pending.append(self._pool.submit(_fetch_in_thread, (self._loader, index)))
+        self._pending.append(self._pool.submit(_fetch_in_thread, (self._workers, index)))
 
     def __iter__(self) -> ThreadIterator:
         return self
 
+    def __len__(self) -> int:
+        return len(self._index_sampler)
+
     def __next__(self) -> Any:
+        if not self.alive:
+            raise RuntimeError("this DataLoader iterator was shut down")
         if not self._pending:
-            self._pool.close()
             raise StopIteration
         task = self._pending.pop(0)
-        result = self._pool.result(task, timeout=float(self._loader.timeout or 0))
+        result = self._pool.result(task, timeout=self._timeout)
         self._submit()
         return result
 
+    def _shutdown_workers(self) -> None:
+        if self.alive:
+            self.alive = False
+            self._pool.close()
+
     def __del__(self) -> None:
-        pool = getattr(self, "_pool", None)
+        pool = self.__dict__.get("_pool")
         if pool is not None:
             pool.close()

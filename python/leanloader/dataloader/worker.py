@@ -1,8 +1,10 @@
 """Worker processes of ``ll.DataLoader`` (``worker_mode="process"``).
 
-A worker is started by spawn or forkserver (never fork), receives the dataset
-as bytes pickled once in the main process, and then answers tasks from its
-own pipe:
+A worker is started by spawn or forkserver (fork only when forced), receives
+the dataset through Process(args=...) as bytes pickled once in the main
+process (or pickled by Process.start() when it holds multiprocessing
+objects; the object itself under fork), lets them go once unpickled, and
+then answers tasks from its own pipe:
 
     ("fetch", epoch, task, index, slot)  ->  ("batch", epoch, task, payload)
                                              ("stop", epoch, task)   # iterable exhausted
@@ -11,7 +13,7 @@ own pipe:
     ("close", fd)                            # the main process attached our segment
     ("forget", pool_id)                      # the main process no longer reuses a slot
     ("config", options)                      # once, first: {"shm_dir": ...}
-    ("resume", epoch)                        # persistent workers: a new epoch
+    ("resume", epoch, shared_seed)           # persistent workers: a new epoch
     None                                     # shut down
 
 Batch memory (planned like ll.Loader's slots, see process_iter.py): the
@@ -58,6 +60,9 @@ WAIT_FOR_SLOT = "wait"
 WAIT_FOR_SLOT_S = 0.1
 # What ps and top show for a worker (torch's are "pt_data_worker").
 WORKER_NAME = "ll_data_worker"
+# Exit status of a spawned process that was asked to start workers while it
+# re-imported an unguarded main script (see front._refuse_unguarded_main).
+UNGUARDED_EXIT = 76
 
 # numpy dtype.str -> safetensors name, for arrays that slots and shared
 # segments can hold.
@@ -103,9 +108,14 @@ def attach_segment(owner: int, fd: int, inode: int, mode: str = "shared") -> Any
     try:
         segment = _core.SharedSegment.attach(path, mode != "read", mode == "private")
     except FileNotFoundError:
+        why = (
+            "closed it (the object that shared it was dropped)"
+            if os.path.exists(f"/proc/{owner}")
+            else "has exited"
+        )
         raise RuntimeError(
             f"shared memory segment {path} is gone: the process that created it (pid {owner}) "
-            "has exited; leanloader shared data can only be unpickled while its owner lives"
+            f"{why}; leanloader shared data can only be unpickled while its owner holds it"
         ) from None
     if os.fstat(segment.fd).st_ino != inode:
         raise RuntimeError(
@@ -211,9 +221,14 @@ def plan_batch(batch: Any, torch_names: dict | None) -> tuple[Any, list[tuple[in
         if torch_names is not None:
             import torch
 
-            if isinstance(value, torch.Tensor) and value.device.type == "cpu":
+            if (
+                isinstance(value, torch.Tensor)
+                and value.device.type == "cpu"
+                and value.layout == torch.strided
+                and not value.is_nested
+            ):
                 name = torch_names.get(value.dtype)
-                if name is not None and not value.is_sparse and not value.is_quantized:
+                if name is not None and not value.is_quantized:
                     kind = "torch"
                     value = value.detach().resolve_conj().resolve_neg().contiguous()
         if kind is None:
@@ -309,6 +324,12 @@ class WorkerSetup:
         self.collate_fn = collate_fn
         self.drop_last = drop_last
         self.worker_init_fn = worker_init_fn
+        # (world size, rank) for an IterDataPipe sharded across workers, else None
+        self.sharding: tuple[int, int] | None = None
+
+
+def identity(value: Any) -> Any:
+    return value
 
 
 def _seed(base_seed: int, worker_id: int) -> int:
@@ -327,11 +348,25 @@ def _seed(base_seed: int, worker_id: int) -> int:
     return seed
 
 
+def _apply_shared_seed(dataset: Any, shared_seed: Any) -> Any:
+    """torch's worker: an IterDataPipe's random parts seeded from the seed
+    shared by all workers."""
+    if shared_seed is None:
+        return dataset
+    import torch
+    from torch.utils.data.graph_settings import apply_random_seed
+
+    shared_rng = torch.Generator()
+    shared_rng.manual_seed(shared_seed)
+    return apply_random_seed(dataset, shared_rng)
+
+
 def worker_main(
     worker_id: int,
     num_workers: int,
-    setup_bytes: bytes,
+    holder: list,
     base_seed: int,
+    shared_seed: Any,
     parent_pid: int,
     tasks: Any,
     results: Any,
@@ -359,9 +394,15 @@ def worker_main(
     fetcher = None
     setup: WorkerSetup | None = None
     try:
-        setup = pickle.loads(setup_bytes)
-        del setup_bytes
+        # The dataset as bytes (pickled once by the main process, or by
+        # Process.start() for datasets holding multiprocessing objects) or,
+        # with fork, the object itself. The bytes are let go once unpickled:
+        # the holder list is what Process._args keeps for the worker's life.
+        received = holder.pop()
+        setup = pickle.loads(received) if isinstance(received, bytes) else received
+        del received
         seed = _seed(base_seed, worker_id)
+        setup.dataset = _apply_shared_seed(setup.dataset, shared_seed)
         torch_worker._worker_info = torch_worker.WorkerInfo(
             id=worker_id, num_workers=num_workers, seed=seed, dataset=setup.dataset
         )
@@ -370,6 +411,12 @@ def worker_main(
             # torch's default collate allocates torch shared memory when it
             # sees it is in a worker; here the batch goes into a slot instead.
             collate = _outside_worker_info(collate, torch_worker)
+        if setup.sharding is not None:
+            # torch's _sharding_worker_init_fn: ranks first, then workers
+            from torch.utils.data.graph_settings import apply_sharding
+
+            world_size, rank = setup.sharding
+            apply_sharding(setup.dataset, num_workers * world_size, worker_id * world_size + rank)
         if setup.worker_init_fn is not None:
             setup.worker_init_fn(worker_id)
 
@@ -399,6 +446,7 @@ def worker_main(
         if message[0] == "resume":
             if init_error is None:
                 try:
+                    setup.dataset = _apply_shared_seed(setup.dataset, message[2])
                     fetcher = make_fetcher()
                 except Exception as error:
                     init_error = describe_error(error, where + " while starting an epoch")
@@ -429,6 +477,14 @@ def worker_main(
     # Leave without interpreter finalization: nothing of the worker's state
     # needs tearing down (the main process owns every shared segment), and the
     # dataset's destructors must not run with half-finalized modules.
+    # multiprocessing's exit handlers run first, as at a normal exit: a Queue
+    # the dataset put items in flushes them from its feeder thread.
+    try:
+        import multiprocessing.util
+
+        multiprocessing.util._exit_function()
+    except Exception:
+        pass
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

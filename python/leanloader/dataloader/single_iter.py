@@ -1,0 +1,71 @@
+"""num_workers=0: batches fetched in the calling thread, with torch's
+draws from the generator (the IterDataPipe shared seed, the sampler, the
+base seed) in torch's order."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def datapipe_seed(loader: Any, dataset: Any) -> tuple[Any, int | None]:
+    """torch's _BaseDataLoaderIter: an IterDataPipe gets a shuffle seed shared
+    by every worker (and every rank), drawn first from the generator."""
+    import torch
+    from torch.utils.data import IterDataPipe
+    from torch.utils.data.graph_settings import apply_random_seed
+
+    if not isinstance(dataset, IterDataPipe):
+        return dataset, None
+    from torch.utils.data.dataloader import _share_dist_seed
+
+    seed = _share_dist_seed(loader.generator, None)
+    shared_rng = torch.Generator()
+    shared_rng.manual_seed(seed)
+    return apply_random_seed(dataset, shared_rng), seed
+
+
+def draw_base_seed(generator: Any) -> int:
+    import torch
+
+    return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+
+
+def distributed_settings() -> tuple[int, int]:
+    from torch.utils.data.dataloader import _get_distributed_settings
+
+    return _get_distributed_settings()
+
+
+class SingleProcessIterator:
+    """One pass in this thread: torch's _SingleProcessDataLoaderIter."""
+
+    def __init__(self, loader: Any) -> None:
+        from torch.utils.data import _DatasetKind
+        from torch.utils.data.graph_settings import apply_sharding
+
+        from leanloader.dataloader.front import is_datapipe
+
+        if loader.timeout != 0:
+            raise AssertionError("_SingleProcessDataLoaderIter requires timeout == 0")
+        self._dataset, _ = datapipe_seed(loader, loader.dataset)
+        self._index_sampler = loader._index_sampler
+        self._sampler_iter = iter(self._index_sampler)
+        self._base_seed = draw_base_seed(loader.generator)
+        if is_datapipe(self._dataset):
+            world_size, rank = distributed_settings()
+            apply_sharding(self._dataset, world_size, rank)
+        self._fetcher = _DatasetKind.create_fetcher(
+            loader._dataset_kind, self._dataset, loader._auto_collation, loader.collate_fn,
+            loader.drop_last,
+        )  # fmt: skip
+        self.alive = True
+
+    def __iter__(self) -> SingleProcessIterator:
+        return self
+
+    def __len__(self) -> int:
+        return len(self._index_sampler)
+
+    def __next__(self) -> Any:
+        index = next(self._sampler_iter)  # may raise StopIteration
+        return self._fetcher.fetch(index)  # may raise StopIteration

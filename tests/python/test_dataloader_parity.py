@@ -1,0 +1,710 @@
+"""ll.DataLoader against torch's DataLoader where a torch user can see it:
+defaults, seeds over epochs, validation errors and warnings, datasets holding
+multiprocessing objects, uneven iterable datasets, IterDataPipe sharding,
+nested tensors, worker lifetime, threads, unguarded scripts, ll.install().
+
+torch is the spec: each test runs torch beside leanloader (torch with its
+default start method, fork: same batches as spawn, faster) and compares.
+Datasets are module-level classes so that spawned workers can import them.
+"""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import (  # noqa: E402
+    BatchSampler,
+    Dataset,
+    IterableDataset,
+    RandomSampler,
+    SequentialSampler,
+    get_worker_info,
+)
+
+import leanloader as ll  # noqa: E402
+from leanloader.dataloader.single_iter import SingleProcessIterator  # noqa: E402
+
+# --- datasets -------------------------------------------------------------------------------
+
+
+class Numbers(Dataset):
+    def __init__(self, n: int = 13) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return torch.tensor([i, 10 * i])
+
+
+class Seeds(Dataset):
+    """What a worker sees each epoch: its id, seed, RNG draws, init calls and
+    whether its dataset copy is fresh."""
+
+    def __init__(self) -> None:
+        self.touched = 0
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):
+        import random
+
+        import numpy as np
+
+        info = get_worker_info()
+        self.touched += 1  # a fresh copy per epoch starts from 0 again
+        return torch.tensor(
+            [i, info.id, info.seed % 2**31, INIT_CALLS, self.touched,
+             int(random.random() * 1e6), int(np.random.rand() * 1e6),
+             int(torch.rand(()) * 1e6)]
+        )  # fmt: skip
+
+
+INIT_CALLS = 0
+
+
+def count_init(worker_id: int) -> None:
+    global INIT_CALLS
+    INIT_CALLS += 1
+
+
+class Uneven(IterableDataset):
+    """Worker 0 yields nothing, worker 1 four samples, worker 2 twenty; it
+    reports a length of 10 (torch warns once more are fetched)."""
+
+    COUNTS = (0, 4, 20)
+
+    def __len__(self) -> int:
+        return 10
+
+    def __iter__(self):
+        info = get_worker_info()
+        worker = 2 if info is None else info.id
+        for k in range(self.COUNTS[worker]):
+            yield torch.tensor([worker, k])
+
+
+class Counting(Dataset):
+    """Holds multiprocessing objects of the spawn context: a Value counter, an
+    Event stop flag, a Lock, a Semaphore and a Queue."""
+
+    def __init__(self, n: int = 12) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.n = n
+        self.count = context.Value("i", 0)
+        self.stop = context.Event()
+        self.lock = context.Lock()
+        self.slots = context.Semaphore(2)
+        self.queue = context.Queue()
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        with self.slots, self.lock:
+            self.count.value += 1
+        if i == self.n - 1:
+            self.stop.set()
+            self.queue.put(i)
+        process = multiprocessing.current_process()
+        # What the worker's Process object still holds of what it was sent.
+        holding = sum(len(arg) for arg in process._args if isinstance(arg, (list, bytes)))
+        return torch.tensor([i, holding])
+
+
+class Holding(Dataset):
+    """No multiprocessing objects: pickled once into bytes for all workers."""
+
+    def __init__(self) -> None:
+        import numpy as np
+
+        self.table = np.arange(1 << 18, dtype=np.float64)  # 2 MiB: shared, not pickled
+
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int):
+        process = multiprocessing.current_process()
+        holding = sum(len(arg) for arg in process._args if isinstance(arg, (list, bytes)))
+        return torch.tensor([i, holding, int(self.table[i])])
+
+
+def nested_collate(batch):
+    return torch.nested.nested_tensor([torch.arange(int(x[0]) % 3 + 1) for x in batch])
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+
+def _epochs(loader, epochs: int):
+    return [[_plain(b) for b in loader] for _ in range(epochs)]
+
+
+def _plain(batch):
+    if isinstance(batch, torch.Tensor):
+        if batch.is_nested:
+            return [t.tolist() for t in batch.unbind()]
+        return batch.tolist()
+    if isinstance(batch, dict):
+        return {k: _plain(v) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return [_plain(b) for b in batch]
+    return batch
+
+
+def _torch(dataset, **kwargs):
+    if kwargs.get("num_workers"):
+        kwargs.setdefault("multiprocessing_context", "fork")
+    return torch.utils.data.DataLoader(dataset, **kwargs)
+
+
+def _warnings_of(run):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = run()
+    return result, [str(w.message) for w in caught]
+
+
+# --- 1. defaults and seeds per epoch ------------------------------------------------------
+
+
+def test_defaults_are_torchs():
+    ours, theirs = ll.DataLoader(Numbers()), torch.utils.data.DataLoader(Numbers())
+    for name in ("persistent_workers", "prefetch_factor", "pin_memory_device", "in_order",
+                 "timeout", "batch_size", "drop_last", "multiprocessing_context"):  # fmt: skip
+        assert getattr(ours, name) == getattr(theirs, name), name
+    assert ll.DataLoader(Numbers(), num_workers=2).persistent_workers is False
+    assert ll.DataLoader(Numbers(), num_workers=2).prefetch_factor == 2
+    assert isinstance(ours, torch.utils.data.DataLoader)
+
+
+def test_seeds_init_calls_and_fresh_dataset_each_epoch_like_torch():
+    # Non-persistent workers: a new base seed from the generator each epoch,
+    # worker_init_fn called each epoch, a fresh copy of the dataset each epoch.
+    kwargs = dict(batch_size=2, shuffle=True, num_workers=2, worker_init_fn=count_init)
+    ours = ll.DataLoader(Seeds(), generator=torch.Generator().manual_seed(3), **kwargs)
+    theirs = _torch(Seeds(), generator=torch.Generator().manual_seed(3), **kwargs)
+    got, want = _epochs(ours, 2), _epochs(theirs, 2)
+    assert got == want
+    assert got[0] != got[1]  # epoch 2 has its own seeds
+    rows = [row for batch in got[1] for row in batch]
+    assert {row[3] for row in rows} == {1}  # init ran once in each epoch's workers
+    assert max(row[4] for row in rows) <= 4  # each epoch's dataset copy started fresh
+
+
+def test_persistent_workers_keep_torchs_persistent_order():
+    kwargs = dict(batch_size=2, shuffle=True, num_workers=2, persistent_workers=True,
+                  worker_init_fn=count_init)  # fmt: skip
+    ours = ll.DataLoader(Seeds(), generator=torch.Generator().manual_seed(5), **kwargs)
+    theirs = _torch(Seeds(), generator=torch.Generator().manual_seed(5), **kwargs)
+    assert _epochs(ours, 2) == _epochs(theirs, 2)
+    ours.close()
+
+
+# --- 2. parity over epochs, torch's defaults --------------------------------------------------
+
+PARITY = {
+    "sequential-0": dict(batch_size=4),
+    "shuffle-0": dict(batch_size=4, shuffle=True),
+    "shuffle-drop-last-0": dict(batch_size=4, shuffle=True, drop_last=True),
+    "no-batching-0": dict(batch_size=None, shuffle=True),
+    "random-sampler-replacement-2": lambda: dict(
+        batch_size=4,
+        num_workers=2,
+        sampler=RandomSampler(
+            range(13), replacement=True, num_samples=17, generator=torch.Generator().manual_seed(9)
+        ),
+    ),
+    "batch-sampler-0": lambda: dict(
+        batch_sampler=BatchSampler(SequentialSampler(range(13)), batch_size=5, drop_last=True)
+    ),
+    "collate-0": dict(batch_size=3, collate_fn=lambda b: torch.stack(b).sum(0)),
+    "out-of-order-2": dict(batch_size=2, num_workers=2, in_order=False, shuffle=True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PARITY))
+def test_epochs_match_torch(name):
+    make = PARITY[name]
+    args = make() if callable(make) else dict(make)
+    ours = ll.DataLoader(Numbers(), generator=torch.Generator().manual_seed(11), **args)
+    args = make() if callable(make) else dict(make)
+    theirs = _torch(Numbers(), generator=torch.Generator().manual_seed(11), **args)
+    got, want = _epochs(ours, 2), _epochs(theirs, 2)
+    if args.get("in_order") is False:  # the order depends on timing; the content does not
+        got, want = [sorted(map(str, e)) for e in got], [sorted(map(str, e)) for e in want]
+    assert got == want
+    assert got[0]
+
+
+def test_single_process_loader_runs_leanloaders_iterator():
+    loader = ll.DataLoader(Numbers(), batch_size=4)
+    iterator = iter(loader)
+    assert isinstance(iterator._inner, SingleProcessIterator)
+    assert not isinstance(iterator._inner, torch.utils.data.dataloader._BaseDataLoaderIter)
+    assert len(list(iterator)) == 4
+
+
+# --- 3. datasets holding multiprocessing objects -----------------------------------------------
+
+
+def test_dataset_with_multiprocessing_objects_works_with_two_workers():
+    dataset = Counting()
+    loader = ll.DataLoader(dataset, batch_size=3, num_workers=2)
+    batches = list(loader)
+    assert sorted(int(i) for b in batches for i in b[:, 0]) == list(range(12))
+    assert dataset.count.value == 12  # the workers' increments reached this process
+    assert dataset.stop.is_set()
+    assert dataset.queue.get(timeout=5) == 11
+    # Once unpickled, the worker kept none of the bytes it was sent.
+    assert all(int(h) == 0 for b in batches for h in b[:, 1])
+
+
+def test_dataset_bytes_are_let_go_by_workers_and_main_process():
+    loader = ll.DataLoader(Holding(), batch_size=2, num_workers=2, persistent_workers=True)
+    iterator = iter(loader)
+    rows = torch.cat(list(iterator))
+    assert rows[:, 0].tolist() == list(range(6)) and rows[:, 2].tolist() == list(range(6))
+    assert rows[:, 1].tolist() == [0] * 6  # the workers' Process._args hold nothing
+    # nor does the main process: its Process objects dropped their arguments
+    # once started, and the loader keeps no pickled copy
+    assert not any(hasattr(worker, "_args") for worker in iterator._workers)
+    assert not any(isinstance(v, bytes) for v in vars(loader).values())
+    loader.close()
+
+
+# --- 4. uneven iterable datasets ------------------------------------------------------------
+
+
+def test_uneven_iterable_dataset_runs_twenty_epochs_like_torch():
+    kwargs = dict(batch_size=None, num_workers=3)
+    ours = ll.DataLoader(Uneven(), persistent_workers=True, **kwargs)
+    expected = sorted(map(str, [[1, k] for k in range(4)] + [[2, k] for k in range(20)]))
+    for _ in range(20):
+        assert sorted(map(str, _plain(list(ours)))) == expected
+    ours.close()
+    # torch's defaults, one epoch: the same samples in the same order
+    (got, want) = (_epochs(ll.DataLoader(Uneven(), **kwargs), 1),
+                   _epochs(_torch(Uneven(), **kwargs), 1))  # fmt: skip
+    assert got == want
+
+
+@pytest.mark.parametrize("workers", [0, 3])
+def test_iterable_length_warning_is_torchs(workers):
+    def run(cls):
+        loader = cls(Uneven(), batch_size=None, num_workers=workers)
+        assert len(loader) == 10  # (torch warns only after len() was asked)
+        return len(list(loader))
+
+    (count, ours) = _warnings_of(lambda: run(ll.DataLoader))
+    (torch_count, theirs) = _warnings_of(lambda: run(lambda *a, **k: _torch(*a, **k)))
+    assert count == torch_count
+    length = [m for m in ours if m.startswith("Length of IterableDataset")]
+    assert len(length) == count - 10  # one per sample past the reported length
+    assert [m.split(" was reported")[1] for m in length] == [
+        m.split(" was reported")[1] for m in theirs if m.startswith("Length of IterableDataset")
+    ]
+
+
+# --- 5. IterDataPipe ----------------------------------------------------------------------------
+
+
+def _datapipe():
+    from torch.utils.data.datapipes.iter import IterableWrapper
+
+    return IterableWrapper(range(20)).shuffle().sharding_filter()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_datapipe_sharded_and_shuffled_like_torch(workers):
+    kwargs = dict(batch_size=4, shuffle=True, num_workers=workers)
+    got = _epochs(
+        ll.DataLoader(_datapipe(), generator=torch.Generator().manual_seed(2), **kwargs), 2
+    )
+    want = _epochs(_torch(_datapipe(), generator=torch.Generator().manual_seed(2), **kwargs), 2)
+    assert got == want
+    for epoch in got:  # every sample once per epoch, not once per worker
+        assert sorted(x for batch in epoch for x in batch) == list(range(20))
+    assert got[0] != got[1]
+
+
+# --- 6. nested tensors ---------------------------------------------------------------------
+
+
+def clone_collate(batch):
+    return [x.clone() for x in batch]
+
+
+def test_nested_tensor_batches():
+    kwargs = dict(batch_size=3, num_workers=2, collate_fn=nested_collate)
+    got = _epochs(ll.DataLoader(Numbers(), **kwargs), 1)
+    assert got == _epochs(_torch(Numbers(), **kwargs), 1)
+    assert got[0][0] == [[0], [0, 1], [0, 1, 2]]
+    # a dataset of nested tensors, one of them large (past share_threshold)
+    dataset = [torch.nested.nested_tensor([torch.randn(5), torch.randn(3)]) for _ in range(4)]
+    dataset.append(torch.nested.nested_tensor([torch.randn(300_000), torch.randn(2)]))
+    loader = ll.DataLoader(dataset, batch_size=1, num_workers=2, collate_fn=clone_collate)
+    for i, batch in enumerate(loader):
+        assert batch[0].is_nested
+        assert all(
+            torch.equal(a, b) for a, b in zip(batch[0].unbind(), dataset[i].unbind(), strict=True)
+        )
+    # torch's default collate refuses nested tensors: the same error comes back
+    with pytest.raises(RuntimeError, match="not currently supported by the default collate_fn"):
+        next(iter(ll.DataLoader(dataset, batch_size=1, num_workers=2)))
+
+
+# --- 7. worker lifetime without the garbage collector ----------------------------------------
+
+
+def _wait_gone(pids, seconds=5.0):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not any(_alive(p) for p in pids):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ")[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_deleting_iterator_and_loader_ends_workers_without_gc():
+    gc.disable()
+    try:
+        loader = ll.DataLoader(Numbers(), batch_size=2, num_workers=2, persistent_workers=True)
+        iterator = iter(loader)
+        next(iterator)
+        pids = [w.pid for w in iterator._workers]
+        del iterator
+        assert all(_alive(p) for p in pids)  # persistent: the loader keeps them (as torch)
+        del loader
+        assert _wait_gone(pids), "persistent workers outlived their loader"
+
+        loader = ll.DataLoader(Numbers(), batch_size=2, num_workers=2)
+        iterator = iter(loader)
+        next(iterator)
+        pids = [w.pid for w in iterator._workers]
+        del iterator
+        assert _wait_gone(pids), "workers outlived their iterator"
+    finally:
+        gc.enable()
+
+
+# --- 8. torch's guards, validation and warnings -----------------------------------------------
+
+
+def test_attribute_guard_generic_class_and_pin_memory_device():
+    loader = ll.DataLoader(Numbers(), batch_size=2, pin_memory_device="cpu")
+    for name, value in (("batch_size", 5), ("sampler", None), ("dataset", Numbers()),
+                        ("drop_last", True), ("persistent_workers", True)):  # fmt: skip
+        with pytest.raises(ValueError) as ours:
+            setattr(loader, name, value)
+        theirs = torch.utils.data.DataLoader(Numbers(), batch_size=2)
+        with pytest.raises(ValueError) as want:
+            setattr(theirs, name, value)
+        assert str(ours.value) == str(want.value)
+    loader.timeout = 3  # not guarded, as in torch
+    assert ll.DataLoader[int] is not None
+    assert loader.pin_memory_device == "cpu"
+
+
+BAD_ARGUMENTS = {
+    "negative-workers": dict(num_workers=-1),
+    "negative-timeout": dict(timeout=-1),
+    "prefetch-without-workers": dict(prefetch_factor=2),
+    "negative-prefetch": dict(num_workers=1, prefetch_factor=-1),
+    "persistent-without-workers": dict(persistent_workers=True),
+    "sampler-and-shuffle": dict(sampler=[0, 1], shuffle=True),
+    "batch-sampler-and-batch-size": dict(batch_sampler=[[0, 1]], batch_size=2),
+    "no-batching-drop-last": dict(batch_size=None, drop_last=True),
+    "context-without-workers": dict(multiprocessing_context="spawn"),
+    "unknown-context": dict(num_workers=1, multiprocessing_context="nope"),
+    "context-of-wrong-type": dict(num_workers=1, multiprocessing_context=3),
+    "iterable-with-shuffle": dict(dataset=Uneven(), shuffle=True),
+    "iterable-with-sampler": dict(dataset=Uneven(), sampler=[0]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_ARGUMENTS))
+def test_constructor_errors_are_torchs(name):
+    kwargs = dict(BAD_ARGUMENTS[name])
+    dataset = kwargs.pop("dataset", Numbers())
+    with pytest.raises(Exception) as want:
+        torch.utils.data.DataLoader(dataset, **kwargs)
+    with pytest.raises(Exception) as ours:
+        ll.DataLoader(dataset, **kwargs)
+    assert type(ours.value) is type(want.value)
+    assert str(ours.value) == str(want.value)
+
+
+def test_too_many_workers_warns_like_torch():
+    workers = (os.cpu_count() or 1) + 3
+    _, ours = _warnings_of(lambda: ll.DataLoader(Numbers(), num_workers=workers))
+    _, theirs = _warnings_of(lambda: torch.utils.data.DataLoader(Numbers(), num_workers=workers))
+    assert ours == theirs and len(ours) == 1
+    assert f"will create {workers} worker processes" in ours[0]
+
+
+def test_a_plain_loop_warns_nothing():
+    loader = ll.DataLoader(Numbers(64), batch_size=2, num_workers=2)
+    batches, caught = _warnings_of(lambda: list(loader))
+    assert len(batches) == 32
+    assert caught == []
+
+
+# --- 9. pin_memory ------------------------------------------------------------------------------
+
+
+def test_pin_memory_without_an_accelerator_is_torchs_warning_and_no_pinning():
+    if torch.accelerator.is_available():
+        pytest.skip("an accelerator is present: batches are pinned")
+    ours, got = _warnings_of(lambda: list(ll.DataLoader(Numbers(), batch_size=4, pin_memory=True)))
+    theirs, want = _warnings_of(
+        lambda: list(torch.utils.data.DataLoader(Numbers(), batch_size=4, pin_memory=True))
+    )
+    assert got == want and len(got) == 1
+    assert not any(b.is_pinned() for b in ours)
+    assert _plain(ours) == _plain(theirs)
+
+
+# --- 11. threads ----------------------------------------------------------------------------------
+
+
+class ThreadInfo(Dataset):
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int):
+        info = get_worker_info()
+        return torch.tensor([i, info.id, info.num_workers, info.seed, THREAD_INITS.get(info.id, 0)])
+
+
+THREAD_INITS: dict[int, int] = {}
+
+
+def thread_init(worker_id: int) -> None:
+    info = get_worker_info()
+    assert info.id == worker_id
+    THREAD_INITS[worker_id] = THREAD_INITS.get(worker_id, 0) + 1
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_thread_workers_have_worker_info_init_and_torchs_order(persistent):
+    THREAD_INITS.clear()
+    kwargs = dict(batch_size=2, shuffle=True, num_workers=2, persistent_workers=persistent)
+    ours = ll.DataLoader(ThreadInfo(), generator=torch.Generator().manual_seed(4),
+                         worker_mode="thread", worker_init_fn=thread_init, **kwargs)  # fmt: skip
+    theirs = _torch(Numbers(16), generator=torch.Generator().manual_seed(4), **kwargs)
+    for epoch in range(3):
+        got = list(ours)
+        want = list(theirs)
+        assert [b[:, 0].tolist() for b in got] == [b[:, 0].tolist() for b in want]
+        rows = torch.cat(got)
+        assert set(rows[:, 1].tolist()) <= {0, 1}
+        assert set(rows[:, 2].tolist()) == {2}
+        for row in rows.tolist():  # seed = base seed + worker id, one base seed for all
+            assert row[3] - row[1] == rows[0, 3] - rows[0, 1]
+        # init ran once per worker per epoch (non-persistent) or once in all
+        assert set(THREAD_INITS.values()) <= {1 if persistent else epoch + 1}
+    assert get_worker_info() is None  # the main thread is no worker
+    ours.close()
+
+
+# --- 12. a script without a main guard ------------------------------------------------------------
+
+UNGUARDED = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, {tests!r})
+    import leanloader as ll
+    from test_dataloader_parity import Numbers
+    loader = ll.DataLoader(Numbers(), batch_size=2, num_workers=2)
+    print(len(list(loader)))
+    """
+)
+
+
+def test_unguarded_script_gets_the_cause_and_both_fixes(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(UNGUARDED.format(tests=str(Path(__file__).parent)))
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                            timeout=120)  # fmt: skip
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("RuntimeError"), result.stderr
+    assert str(script) in last
+    assert 'if __name__ == "__main__":' in last and 'worker_mode="thread"' in last
+    # the same code works once guarded, and unguarded with threads
+    script.write_text(
+        UNGUARDED.format(tests=str(Path(__file__).parent)).replace(
+            "num_workers=2)", 'num_workers=2, worker_mode="thread")'
+        )
+    )
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                            timeout=120)  # fmt: skip
+    assert result.returncode == 0 and result.stdout.strip() == "7", result.stderr
+
+
+# --- 13. ll.install() -----------------------------------------------------------------------------
+
+FRAMEWORK = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, {tests!r})
+    {install}
+    import torch
+    from torch.utils.data import DataLoader, dataloader
+    from test_dataloader_parity import Numbers
+
+
+    class _RepeatSampler:
+        def __init__(self, sampler):
+            self.sampler = sampler
+
+        def __iter__(self):
+            while True:
+                yield from iter(self.sampler)
+
+
+    class InfiniteDataLoader(dataloader.DataLoader):  # as YOLO trainers define it
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            object.__setattr__(self, "batch_sampler", _RepeatSampler(self.batch_sampler))
+            self.iterator = super().__iter__()
+
+        def __len__(self):
+            return len(self.batch_sampler.sampler)
+
+        def __iter__(self):
+            for _ in range(len(self)):
+                yield next(self.iterator)
+
+
+    if __name__ == "__main__":
+        loader = InfiniteDataLoader(Numbers(), batch_size=2, num_workers=2)
+        batches = [b[:, 0].tolist() for b in loader] + [b[:, 0].tolist() for b in loader]
+        names = sorted(open(f"/proc/{{w.pid}}/comm").read().strip()
+                       for w in loader.iterator._workers)
+        import leanloader as ll
+        print(type(loader).__mro__[1].__module__, isinstance(loader, ll.DataLoader),
+              ",".join(names), len(batches), batches[7])
+        {uninstall}
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["install", "run"])
+def test_install_turns_framework_subclasses_into_leanloader_loaders(tmp_path, how):
+    install = "import leanloader as ll; ll.install()" if how == "install" else ""
+    uninstall = (
+        "ll.uninstall(); assert torch.utils.data.DataLoader is torch.utils.data.dataloader."
+        "DataLoader and not issubclass(torch.utils.data.DataLoader, ll.DataLoader)"
+        if how == "install" else ""
+    )  # fmt: skip
+    script = tmp_path / "train.py"
+    script.write_text(FRAMEWORK.format(tests=str(Path(__file__).parent), install=install,
+                                       uninstall=uninstall))  # fmt: skip
+    command = [sys.executable, str(script)]
+    if how == "run":
+        command = [sys.executable, "-m", "leanloader.run", str(script)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    # an ll.DataLoader subclass, its workers leanloader's, its batches
+    # continuing across passes of the repeating sampler (batch 7 starts the second pass)
+    assert result.stdout.split() == [
+        "leanloader.dataloader.front",
+        "True",
+        "ll_data_worker,ll_data_worker",
+        "14",
+        "[0,",
+        "1]",
+    ], result.stdout + result.stderr
+
+
+class PinRecorder(Dataset):
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i: int):
+        return torch.full((256,), float(i))
+
+
+@pytest.mark.skipif(
+    not torch.accelerator.is_available(), reason="pinning needs an accelerator (CUDA)"
+)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_pin_memory_pins_in_a_pin_thread_in_order(workers, monkeypatch):
+    import threading
+
+    from torch.utils.data._utils import pin_memory as torch_pin
+
+    pinning_threads = set()
+    pin = torch_pin.pin_memory
+
+    def recording_pin(data, device=None):  # torch's function, its threads recorded
+        pinning_threads.add(threading.current_thread().name)
+        return pin(data, device)
+
+    monkeypatch.setattr(torch_pin, "pin_memory", recording_pin)
+    loader = ll.DataLoader(PinRecorder(), batch_size=2, num_workers=workers, pin_memory=True)
+    batches = list(loader)
+    assert all(b.is_pinned() for b in batches)
+    assert [int(b[0, 0]) for b in batches] == list(range(0, 12, 2))
+    assert pinning_threads == {"leanloader-pin-memory"}
+
+
+def test_an_iterator_outlives_its_loader_and_workers_exit_cleanly():
+    # iter(DataLoader(...)) is a common idiom: the loader is dropped at once,
+    # its shared copies of the dataset's arrays must outlive it.
+    for persistent in (False, True):
+        iterator = iter(ll.DataLoader(Holding(), batch_size=2, num_workers=2,
+                                      persistent_workers=persistent))  # fmt: skip
+        rows = torch.cat(list(iterator))
+        assert rows[:, 2].tolist() == list(range(6))
+        workers = iterator._workers
+        del iterator
+        for worker in workers:
+            worker.join(10)
+            assert worker.exitcode == 0  # (torch's tests check it)
+
+
+class Raising(Dataset):
+    def __len__(self) -> int:
+        return 41
+
+    def __getitem__(self, i: int):
+        raise NotImplementedError
+
+
+def test_errors_in_workers_raise_per_batch_and_the_pass_goes_on_like_torch():
+    def count(loader):
+        iterator, errors = iter(loader), 0
+        while True:
+            try:
+                next(iterator)
+            except NotImplementedError:
+                errors += 1
+            except StopIteration:
+                return errors
+
+    kwargs = dict(batch_size=2, shuffle=True, num_workers=2)
+    assert count(ll.DataLoader(Raising(), **kwargs)) == count(_torch(Raising(), **kwargs)) == 21
