@@ -1,0 +1,509 @@
+#include "leanloader/image/image_transform.h"
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cfenv>
+#include <cmath>
+#include <cstring>
+#include <opencv2/core.hpp>
+#include <opencv2/imgproc.hpp>
+#include <sstream>
+
+#include "leanloader/core/checked_size.h"
+#include "leanloader/core/error.h"
+
+namespace leanloader {
+
+namespace {
+
+// A geometric operation left after planning (flips are moved to the end).
+struct Op {
+  bool crop = false;  // else resize
+  PixelBox box;       // crop
+  int64_t width = 0;  // resize target
+  int64_t height = 0;
+};
+
+// Python's round(): halves go to the even neighbour.
+int64_t round_half_even(double value) { return static_cast<int64_t>(std::nearbyint(value)); }
+
+// torchvision's _compute_resized_output_size for Resize(size[, max_size]).
+std::pair<int64_t, int64_t> resized_size(const TransformStep& step, int64_t width, int64_t height) {
+  if (step.width > 0) return {step.height, step.width};
+  const bool wide = width >= height;
+  const int64_t shorter = wide ? height : width, longer = wide ? width : height;
+  int64_t new_short = step.height;
+  auto new_long = static_cast<int64_t>(static_cast<double>(new_short) *
+                                       static_cast<double>(longer) / static_cast<double>(shorter));
+  if (step.max_size > 0 && new_long > step.max_size) {
+    new_short =
+        static_cast<int64_t>(static_cast<double>(step.max_size) * static_cast<double>(new_short) /
+                             static_cast<double>(new_long));
+    new_long = step.max_size;
+  }
+  new_short = std::max<int64_t>(new_short, 1);
+  new_long = std::max<int64_t>(new_long, 1);
+  return wide ? std::pair{new_short, new_long} : std::pair{new_long, new_short};
+}
+
+// torchvision's RandomResizedCrop.get_params, line for line, with its
+// uniform draws taken from `random` in the same order.
+PixelBox random_resized_crop_box(const TransformStep& step, int64_t width, int64_t height,
+                                 SampleRandom& random) {
+  const double area = static_cast<double>(height) * static_cast<double>(width);
+  const double log_ratio_min = std::log(step.ratio_min), log_ratio_max = std::log(step.ratio_max);
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    const double target_area = area * random.uniform(step.scale_min, step.scale_max);
+    const double aspect_ratio = std::exp(random.uniform(log_ratio_min, log_ratio_max));
+    const int64_t w = round_half_even(std::sqrt(target_area * aspect_ratio));
+    const int64_t h = round_half_even(std::sqrt(target_area / aspect_ratio));
+    if (0 < w && w <= width && 0 < h && h <= height) {
+      const int64_t i = random.below(height - h + 1);
+      const int64_t j = random.below(width - w + 1);
+      return {j, i, w, h};
+    }
+  }
+  // Fallback to a central crop, clamped to the ratio range.
+  const double in_ratio = static_cast<double>(width) / static_cast<double>(height);
+  int64_t w = width, h = height;
+  if (in_ratio < std::min(step.ratio_min, step.ratio_max)) {
+    w = width;
+    h = round_half_even(static_cast<double>(w) / std::min(step.ratio_min, step.ratio_max));
+  } else if (in_ratio > std::max(step.ratio_min, step.ratio_max)) {
+    h = height;
+    w = round_half_even(static_cast<double>(h) * std::max(step.ratio_min, step.ratio_max));
+  }
+  w = std::clamp<int64_t>(w, 1, width);
+  h = std::clamp<int64_t>(h, 1, height);
+  return {(width - w) / 2, (height - h) / 2, w, h};
+}
+
+TransformParams make_plan(const std::vector<TransformStep>& steps, int64_t width, int64_t height,
+                          SampleRandom& random) {
+  TransformParams params;
+  params.image_width = width;
+  params.image_height = height;
+  bool flip = false;
+  auto add_crop = [&](PixelBox box) {
+    params.crops.push_back(box);
+    width = box.width;
+    height = box.height;
+  };
+  auto add_resize = [&](int64_t w, int64_t h) {
+    params.resizes.emplace_back(h, w);
+    width = w;
+    height = h;
+  };
+  for (const TransformStep& step : steps) {
+    switch (step.kind) {
+      case TransformStep::Kind::kResize: {
+        const auto [h, w] = resized_size(step, width, height);
+        add_resize(w, h);
+        break;
+      }
+      case TransformStep::Kind::kCenterCrop: {
+        if (step.height > height || step.width > width) {
+          throw InvalidArgument("CenterCrop(" + std::to_string(step.height) + "x" +
+                                std::to_string(step.width) + ") of a " + std::to_string(height) +
+                                "x" + std::to_string(width) +
+                                " image: the crop is larger than the image (torchvision would "
+                                "pad; resize first)");
+        }
+        const int64_t top = round_half_even(static_cast<double>(height - step.height) / 2.0);
+        const int64_t left = round_half_even(static_cast<double>(width - step.width) / 2.0);
+        add_crop({left, top, step.width, step.height});
+        break;
+      }
+      case TransformStep::Kind::kRandomResizedCrop: {
+        add_crop(random_resized_crop_box(step, width, height, random));
+        add_resize(step.width, step.height);
+        break;
+      }
+      case TransformStep::Kind::kHorizontalFlip:
+        if (random.uniform() < step.p) flip = !flip;
+        break;
+    }
+  }
+  params.flipped = flip;
+  params.output_width = width;
+  params.output_height = height;
+  return params;
+}
+
+// A read-only view of interleaved 8-bit pixels.
+struct View {
+  const uint8_t* data = nullptr;
+  int64_t width = 0;
+  int64_t height = 0;
+  int channels = 0;
+  size_t stride = 0;  // bytes per row
+
+  cv::Mat mat() const {
+    return cv::Mat(static_cast<int>(height), static_cast<int>(width), CV_8UC(channels),
+                   const_cast<uint8_t*>(data), stride);
+  }
+};
+
+void resize_into(const View& from, int64_t width, int64_t height, uint8_t* to) {
+  const cv::Mat source = from.mat();
+  cv::Mat target(static_cast<int>(height), static_cast<int>(width), CV_8UC(from.channels), to);
+  // INTER_AREA averages over each output pixel's footprint when shrinking
+  // (antialiased, close to Pillow's reducing filters); it would be
+  // nearest-like when enlarging, where INTER_LINEAR is Pillow's bilinear.
+  const bool shrinking = width <= from.width && height <= from.height;
+  cv::resize(source, target, target.size(), 0, 0, shrinking ? cv::INTER_AREA : cv::INTER_LINEAR);
+}
+
+uint16_t float_to_half(float value) {
+  const uint32_t bits = std::bit_cast<uint32_t>(value);
+  const uint32_t sign = (bits >> 16) & 0x8000u;
+  const uint32_t abs = bits & 0x7FFFFFFFu;
+  if (abs >= 0x7F800000u)
+    return static_cast<uint16_t>(sign | 0x7C00u | (abs > 0x7F800000u ? 0x200u : 0));
+  if (abs >= 0x477FF000u) return static_cast<uint16_t>(sign | 0x7C00u);  // rounds to inf
+  if (abs < 0x38800000u) {                                          // subnormal or zero in half
+    const float magnitude = std::bit_cast<float>(abs) * 0x1.0p24f;  // units of 2^-24
+    return static_cast<uint16_t>(sign | static_cast<uint32_t>(std::nearbyint(magnitude)));
+  }
+  const uint32_t rounded = abs + 0xFFFu + ((abs >> 13) & 1u);  // round to nearest even
+  return static_cast<uint16_t>(sign | ((rounded - 0x38000000u) >> 13));
+}
+
+uint16_t float_to_bfloat16(float value) {
+  const uint32_t bits = std::bit_cast<uint32_t>(value);
+  return static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+}
+
+// Writes `from` (flipped if asked) in the output's layout and dtype.
+void write_output(const View& from, bool flip, const ImageOutput& output, std::byte* dst) {
+  const auto width = static_cast<size_t>(from.width), height = static_cast<size_t>(from.height);
+  const auto channels = static_cast<size_t>(from.channels);
+  const bool chw = output.layout == ImageLayout::kCHW;
+  auto source_x = [&](size_t x) { return flip ? width - 1 - x : x; };
+  if (output.dtype == DType::kU8) {
+    auto* out = reinterpret_cast<uint8_t*>(dst);
+    for (size_t y = 0; y < height; ++y) {
+      const uint8_t* row = from.data + y * from.stride;
+      if (!chw && !flip) {
+        std::memcpy(out + y * width * channels, row, width * channels);
+        continue;
+      }
+      for (size_t x = 0; x < width; ++x) {
+        const uint8_t* pixel = row + source_x(x) * channels;
+        for (size_t c = 0; c < channels; ++c) {
+          const size_t at = chw ? (c * height + y) * width + x : (y * width + x) * channels + c;
+          out[at] = pixel[c];
+        }
+      }
+    }
+    return;
+  }
+  // torchvision's arithmetic in float32: ToTensor's x / 255, then
+  // (x - mean) / std; 256 values per channel, so a table holds them.
+  std::vector<std::array<float, 256>> table(channels);
+  for (size_t c = 0; c < channels; ++c) {
+    for (int v = 0; v < 256; ++v) {
+      float x = static_cast<float>(v) / 255.0f;
+      if (!output.mean.empty()) x = (x - output.mean[c]) / output.std[c];
+      table[c][static_cast<size_t>(v)] = x;
+    }
+  }
+  auto store = [&](size_t at, float value) {
+    switch (output.dtype) {
+      case DType::kF32:
+        reinterpret_cast<float*>(dst)[at] = value;
+        break;
+      case DType::kF16:
+        reinterpret_cast<uint16_t*>(dst)[at] = float_to_half(value);
+        break;
+      default:
+        reinterpret_cast<uint16_t*>(dst)[at] = float_to_bfloat16(value);
+        break;
+    }
+  };
+  for (size_t y = 0; y < height; ++y) {
+    const uint8_t* row = from.data + y * from.stride;
+    for (size_t x = 0; x < width; ++x) {
+      const uint8_t* pixel = row + source_x(x) * channels;
+      for (size_t c = 0; c < channels; ++c) {
+        const size_t at = chw ? (c * height + y) * width + x : (y * width + x) * channels + c;
+        store(at, table[c][pixel[c]]);
+      }
+    }
+  }
+}
+
+std::string dtype_label(DType dtype) { return std::string(dtype_name(dtype)); }
+
+}  // namespace
+
+TransformStep TransformStep::resize(int64_t height, int64_t width, int64_t max_size) {
+  TransformStep step;
+  step.kind = Kind::kResize;
+  step.height = height;
+  step.width = width;
+  step.max_size = max_size;
+  return step;
+}
+
+TransformStep TransformStep::center_crop(int64_t height, int64_t width) {
+  TransformStep step;
+  step.kind = Kind::kCenterCrop;
+  step.height = height;
+  step.width = width;
+  return step;
+}
+
+TransformStep TransformStep::random_resized_crop(int64_t height, int64_t width, double scale_min,
+                                                 double scale_max, double ratio_min,
+                                                 double ratio_max) {
+  TransformStep step;
+  step.kind = Kind::kRandomResizedCrop;
+  step.height = height;
+  step.width = width;
+  step.scale_min = scale_min;
+  step.scale_max = scale_max;
+  step.ratio_min = ratio_min;
+  step.ratio_max = ratio_max;
+  return step;
+}
+
+TransformStep TransformStep::horizontal_flip(double p) {
+  TransformStep step;
+  step.kind = Kind::kHorizontalFlip;
+  step.p = p;
+  return step;
+}
+
+ImageTransform::ImageTransform(std::vector<TransformStep> steps, ImageOutput output, int channels)
+    : steps_(std::move(steps)), output_(std::move(output)), channels_(channels) {
+  constexpr int64_t kMaxSide = 1 << 20;
+  for (const TransformStep& step : steps_) {
+    const bool sized = step.kind != TransformStep::Kind::kHorizontalFlip;
+    const bool shorter_side = step.kind == TransformStep::Kind::kResize && step.width == 0;
+    if (sized && (step.height < 1 || step.height > kMaxSide ||
+                  (!shorter_side && (step.width < 1 || step.width > kMaxSide)))) {
+      throw InvalidArgument("transform sizes must be between 1 and " + std::to_string(kMaxSide) +
+                            ", got " + std::to_string(step.height) + "x" +
+                            std::to_string(step.width));
+    }
+    if (step.max_size < 0 || (step.max_size > 0 && !shorter_side) ||
+        (shorter_side && step.max_size > 0 && step.max_size <= step.height)) {
+      throw InvalidArgument("Resize max_size applies to a shorter-side size and must exceed it");
+    }
+    if (step.kind == TransformStep::Kind::kRandomResizedCrop &&
+        !(step.scale_min >= 0 && step.scale_min <= step.scale_max && step.ratio_min > 0 &&
+          step.ratio_min <= step.ratio_max)) {
+      throw InvalidArgument(
+          "RandomResizedCrop needs 0 <= scale[0] <= scale[1] and 0 < ratio[0] <= ratio[1]");
+    }
+    if (step.kind == TransformStep::Kind::kHorizontalFlip && !(step.p >= 0 && step.p <= 1)) {
+      throw InvalidArgument("RandomHorizontalFlip p must be in [0, 1], got " +
+                            std::to_string(step.p));
+    }
+  }
+  const DType dtype = output_.dtype;
+  if (dtype != DType::kU8 && dtype != DType::kF32 && dtype != DType::kF16 &&
+      dtype != DType::kBF16) {
+    throw InvalidArgument("image output dtype must be uint8, float32, float16 or bfloat16, got " +
+                          dtype_label(dtype));
+  }
+  if (output_.mean.size() != output_.std.size()) {
+    throw InvalidArgument("Normalize needs mean and std of the same length");
+  }
+  if (!output_.mean.empty()) {
+    if (dtype == DType::kU8) {
+      throw InvalidArgument("Normalize gives floats: choose float32, float16 or bfloat16");
+    }
+    if (output_.mean.size() == 1) {
+      output_.mean.assign(static_cast<size_t>(channels_), output_.mean[0]);
+      output_.std.assign(static_cast<size_t>(channels_), output_.std[0]);
+    }
+    if (output_.mean.size() != static_cast<size_t>(channels_)) {
+      throw InvalidArgument("Normalize has " + std::to_string(output_.mean.size()) +
+                            " values for " + std::to_string(channels_) + " channels");
+    }
+    for (const float s : output_.std) {
+      if (!(s != 0.0f) || !std::isfinite(s)) {
+        throw InvalidArgument("Normalize std must be finite and non-zero");
+      }
+    }
+  }
+}
+
+std::optional<Shape> ImageTransform::fixed_shape() const {
+  for (auto step = steps_.rbegin(); step != steps_.rend(); ++step) {
+    switch (step->kind) {
+      case TransformStep::Kind::kHorizontalFlip:
+        continue;
+      case TransformStep::Kind::kResize:
+        if (step->width == 0) return std::nullopt;
+        [[fallthrough]];
+      case TransformStep::Kind::kCenterCrop:
+      case TransformStep::Kind::kRandomResizedCrop:
+        return output_shape(step->height, step->width);
+    }
+  }
+  return std::nullopt;
+}
+
+Shape ImageTransform::output_shape(int64_t height, int64_t width) const {
+  if (output_.layout == ImageLayout::kCHW) return {channels_, height, width};
+  return {height, width, channels_};
+}
+
+TransformParams ImageTransform::plan(int64_t width, int64_t height, SampleRandom& random) const {
+  return make_plan(steps_, width, height, random);
+}
+
+void ImageTransform::run(std::span<const std::byte> bytes, const ImageInfo& info,
+                         const DecodeOptions& options, TransformParams& params, bool dct_scaling,
+                         std::span<std::byte> dst) const {
+  // The ops follow from the parameters (torchvision's boxes, in the order of
+  // the steps): a crop after a flip is mirrored so that the flip can be done
+  // last, while writing the output.
+  std::vector<Op> ops;
+  {
+    int64_t width = params.image_width, height = params.image_height;
+    size_t crop = 0, resize = 0;
+    bool flip = false;
+    for (const TransformStep& step : steps_) {
+      auto add_crop = [&](PixelBox box) {
+        if (flip) box.x = width - box.x - box.width;
+        if (box.x != 0 || box.y != 0 || box.width != width || box.height != height) {
+          ops.push_back({true, box, 0, 0});
+        }
+        width = box.width;
+        height = box.height;
+      };
+      auto add_resize = [&](int64_t w, int64_t h) {
+        if (w != width || h != height) ops.push_back({false, {}, w, h});
+        width = w;
+        height = h;
+      };
+      switch (step.kind) {
+        case TransformStep::Kind::kResize: {
+          const auto [h, w] = params.resizes.at(resize++);
+          add_resize(w, h);
+          break;
+        }
+        case TransformStep::Kind::kCenterCrop:
+          add_crop(params.crops.at(crop++));
+          break;
+        case TransformStep::Kind::kRandomResizedCrop: {
+          add_crop(params.crops.at(crop++));
+          const auto [h, w] = params.resizes.at(resize++);
+          add_resize(w, h);
+          break;
+        }
+        case TransformStep::Kind::kHorizontalFlip:
+          break;
+      }
+    }
+  }
+  const std::optional<size_t> expected =
+      checked_nbytes(output_shape(params.output_height, params.output_width), output_.dtype);
+  if (!expected || *expected != dst.size()) {
+    throw InvalidArgument("image destination holds " + std::to_string(dst.size()) +
+                          " bytes, the output needs " + std::to_string(expected.value_or(0)));
+  }
+  if (color_mode_channels(options.mode) != channels_) {
+    throw InvalidArgument("the decode color mode does not give the transform's channels");
+  }
+
+  // Straight into the destination: nothing to crop, resize or flip, pixels
+  // as decoded.
+  if (ops.empty() && !params.flipped && output_.dtype == DType::kU8 &&
+      output_.layout == ImageLayout::kHWC) {
+    decode_image_into(bytes, info, options, {reinterpret_cast<uint8_t*>(dst.data()), dst.size()});
+    params.decode_scale = 1.0;
+    return;
+  }
+
+  // Leading crops become the decode region; the first resize after them
+  // bounds the DCT scaling.
+  PixelBox region{0, 0, info.width, info.height};
+  size_t next = 0;
+  for (; next < ops.size() && ops[next].crop; ++next) {
+    region = {region.x + ops[next].box.x, region.y + ops[next].box.y, ops[next].box.width,
+              ops[next].box.height};
+  }
+  DecodeRequest request{region, 0, 0};
+  if (dct_scaling && next < ops.size()) {
+    request.min_width = ops[next].width;
+    request.min_height = ops[next].height;
+  }
+  thread_local DecodedImage decoded;
+  thread_local std::vector<uint8_t> buffers[2];
+  decode_image(bytes, info, options, request, decoded);
+  params.decode_scale = decoded.scale;
+
+  View view{decoded.pixels.data(), decoded.width, decoded.height, decoded.channels,
+            static_cast<size_t>(decoded.width) * static_cast<size_t>(decoded.channels)};
+  const bool direct_last =
+      !params.flipped && output_.dtype == DType::kU8 && output_.layout == ImageLayout::kHWC;
+  int spare = 0;
+  for (; next < ops.size(); ++next) {
+    const Op& op = ops[next];
+    if (op.crop) {
+      view.data += static_cast<size_t>(op.box.y) * view.stride +
+                   static_cast<size_t>(op.box.x) * static_cast<size_t>(view.channels);
+      view.width = op.box.width;
+      view.height = op.box.height;
+      continue;
+    }
+    const size_t row = static_cast<size_t>(op.width) * static_cast<size_t>(view.channels);
+    if (direct_last && next + 1 == ops.size()) {
+      resize_into(view, op.width, op.height, reinterpret_cast<uint8_t*>(dst.data()));
+      return;
+    }
+    std::vector<uint8_t>& target = buffers[spare];
+    spare ^= 1;
+    target.resize(row * static_cast<size_t>(op.height));
+    resize_into(view, op.width, op.height, target.data());
+    view = View{target.data(), op.width, op.height, view.channels, row};
+  }
+  write_output(view, params.flipped, output_, dst.data());
+}
+
+std::string ImageTransform::describe() const {
+  std::ostringstream text;
+  for (const TransformStep& step : steps_) {
+    switch (step.kind) {
+      case TransformStep::Kind::kResize:
+        if (step.width == 0) {
+          text << "Resize(" << step.height;
+          if (step.max_size > 0) text << ", max_size=" << step.max_size;
+          text << ")";
+        } else {
+          text << "Resize(" << step.height << "x" << step.width << ")";
+        }
+        break;
+      case TransformStep::Kind::kCenterCrop:
+        text << "CenterCrop(" << step.height << "x" << step.width << ")";
+        break;
+      case TransformStep::Kind::kRandomResizedCrop:
+        text << "RandomResizedCrop(" << step.height << "x" << step.width << ", scale=("
+             << step.scale_min << ", " << step.scale_max << "), ratio=(" << step.ratio_min << ", "
+             << step.ratio_max << "))";
+        break;
+      case TransformStep::Kind::kHorizontalFlip:
+        text << "RandomHorizontalFlip(" << step.p << ")";
+        break;
+    }
+    text << " | ";
+  }
+  if (!output_.mean.empty()) {
+    text << "Normalize(mean=[";
+    for (size_t c = 0; c < output_.mean.size(); ++c) text << (c ? ", " : "") << output_.mean[c];
+    text << "], std=[";
+    for (size_t c = 0; c < output_.std.size(); ++c) text << (c ? ", " : "") << output_.std[c];
+    text << "]) | ";
+  }
+  text << "-> " << dtype_name(output_.dtype) << " "
+       << (output_.layout == ImageLayout::kCHW ? "CHW" : "HWC") << " " << channels_ << "ch";
+  return text.str();
+}
+
+}  // namespace leanloader
