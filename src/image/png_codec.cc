@@ -70,7 +70,6 @@ void png_decode(std::span<const std::byte> bytes, const DecodeOptions& options, 
     throw InvalidArgument("PNG: destination has the wrong size");
   }
   const bool gray = ihdr.color_type == SPNG_COLOR_TYPE_GRAYSCALE;
-  const bool gray_alpha = ihdr.color_type == SPNG_COLOR_TYPE_GRAYSCALE_ALPHA;
 
   if (channels == 4) {
     check(spng_decode_image(ctx.get(), dst.data(), dst.size(), SPNG_FMT_RGBA8, SPNG_DECODE_TRNS),
@@ -99,12 +98,8 @@ void png_decode(std::span<const std::byte> bytes, const DecodeOptions& options, 
     check(spng_decode_image(ctx.get(), dst.data(), dst.size(), SPNG_FMT_G8, 0), "decoding");
     return;
   }
-  if (gray_alpha) {
-    std::vector<uint8_t> pairs(pixels * 2);
-    check(spng_decode_image(ctx.get(), pairs.data(), pairs.size(), SPNG_FMT_GA8, 0), "decoding");
-    for (size_t i = 0; i < pixels; ++i) dst[i] = pairs[2 * i];
-    return;
-  }
+  // Gray + alpha and color: RGB, then Pillow's luma (exact for gray: the
+  // weights sum to 1).
   std::vector<uint8_t> rgb(pixels * 3);
   check(spng_decode_image(ctx.get(), rgb.data(), rgb.size(), SPNG_FMT_RGB8, 0), "decoding");
   rgb_to_gray_in_place(rgb.data(), pixels);
