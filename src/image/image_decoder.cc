@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "image/codecs.h"
+#include "image/scratch.h"
 #include "leanloader/core/checked_size.h"
 #include "leanloader/core/error.h"
 
@@ -225,6 +226,7 @@ void decode_image(std::span<const std::byte> bytes, const ImageInfo& info,
     cut(out, stored);
   }
   thread_local std::vector<uint8_t> spare;
+  const detail::ScratchTrim<uint8_t, 1> trim({&spare});
   orient(out, info.orientation, spare);
   out.region = box;
 }
@@ -242,6 +244,7 @@ void decode_image_into(std::span<const std::byte> bytes, const ImageInfo& info,
     return;
   }
   thread_local DecodedImage decoded;
+  const detail::ScratchTrim<uint8_t, 1> trim({&decoded.pixels});
   decode_image(bytes, info, options, {}, decoded);
   std::copy(decoded.pixels.begin(), decoded.pixels.end(), dst.begin());
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "image/scratch.h"
 #include "io/file_io.h"
 #include "leanloader/core/checked_size.h"
 #include "leanloader/core/error.h"
@@ -15,9 +16,11 @@ namespace {
 constexpr size_t kSizeProbe = 8;
 constexpr size_t kHeaderBytes = 64 * 1024;
 
-// The whole file, in a buffer each thread reuses.
+// The file's bytes, in a buffer each thread reuses.
+thread_local std::vector<std::byte> file_bytes;
+
 std::span<const std::byte> read_file(const std::string& path) {
-  thread_local std::vector<std::byte> bytes;
+  std::vector<std::byte>& bytes = file_bytes;
   const detail::File file(path);
   bytes.resize(file.size());
   file.read_exact(0, bytes);
@@ -76,6 +79,7 @@ void ImageSource::check_index(int64_t index) const {
 void ImageSource::read_sample(int64_t index, SampleWriter& writer) const {
   check_index(index);
   const std::string& path = paths_[static_cast<size_t>(index)];
+  const detail::ScratchTrim<std::byte, 1> trim({&file_bytes});
   std::span<const std::byte> bytes;
   try {
     bytes = read_file(path);

@@ -10,6 +10,7 @@
 #include <opencv2/imgproc.hpp>
 #include <sstream>
 
+#include "image/scratch.h"
 #include "leanloader/core/checked_size.h"
 #include "leanloader/core/error.h"
 
@@ -450,6 +451,7 @@ void ImageTransform::run(std::span<const std::byte> bytes, const ImageInfo& info
   thread_local DecodedImage decoded;
   thread_local std::vector<uint8_t> buffers[2];
   thread_local std::vector<uint8_t> blurred;
+  const detail::ScratchTrim<uint8_t, 4> trim({&decoded.pixels, &buffers[0], &buffers[1], &blurred});
   decode_image(bytes, info, options, request, decoded);
   params.decode_scale = decoded.scale;
 
