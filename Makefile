@@ -83,7 +83,7 @@ fuzz:
 test-python: setup
 	$(PY) -m pytest -q tests/python
 
-BENCH_SCENARIOS ?= arrays latents pydataset hdf5
+BENCH_SCENARIOS ?= arrays latents pydataset hdf5 images
 bench: setup
 	@for scenario in $(BENCH_SCENARIOS); do $(BIN)/leanloader bench $$scenario; done
 
