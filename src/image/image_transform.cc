@@ -6,6 +6,7 @@
 #include <cfenv>
 #include <cmath>
 #include <cstring>
+#include <mutex>
 #include <opencv2/core.hpp>
 #include <opencv2/imgproc.hpp>
 #include <sstream>
@@ -292,6 +293,10 @@ TransformStep TransformStep::horizontal_flip(double p) {
 
 ImageTransform::ImageTransform(std::vector<TransformStep> steps, ImageOutput output, int channels)
     : steps_(std::move(steps)), output_(std::move(output)), channels_(channels) {
+  // The loader's threads are the parallelism: OpenCV's own pool would run
+  // each resize on every core again and oversubscribe them.
+  static std::once_flag sequential_opencv;
+  std::call_once(sequential_opencv, [] { cv::setNumThreads(0); });
   constexpr int64_t kMaxSide = 1 << 20;
   for (const TransformStep& step : steps_) {
     const bool sized = step.kind != TransformStep::Kind::kHorizontalFlip;
