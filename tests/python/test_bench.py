@@ -330,3 +330,23 @@ def test_pydataset_ratios_carry_the_marginal_cost_of_a_worker():
     assert ratios["samples_per_s"] == pytest.approx(2.0)
     assert ratios["first_batch_s"] == pytest.approx(0.25)
     assert pydataset.derive_ratios(results[:3]) == {}  # no baseline: nothing to divide
+
+
+def test_plot_draws_samples_per_second_and_memory_over_time(tmp_path):
+    pytest.importorskip("matplotlib")
+    from leanloader.commands.bench import write_plot
+
+    report = {
+        "scenario": "images",
+        "size": "quick",
+        "timelines": {
+            "leanloader": {
+                "samples": [[0.5, 256], [0.9, 512], [1.3, 768]],
+                "unreclaimable_bytes": [[0.0, 100 << 20], [0.5, 300 << 20], [1.3, 310 << 20]],
+            },
+            "torch": {"samples": [[1.0, 256]], "unreclaimable_bytes": [[0.0, 120 << 20]]},
+        },
+    }
+    path = tmp_path / "bench.png"
+    write_plot(str(path), report)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -19,6 +19,8 @@ Definitions (the harness quotes medians of these over rounds):
 - first_batch_wall, last_batch_wall: time.time() of the first and the last
   batch in hand, so that the parent's memory samples can be split into
   start-up and steady state.
+- start_wall, batch_timeline: time.time() when the loader function is called,
+  and [time.time(), samples so far] after each batch (for `--plot`).
 
 The consumer reads every byte of every batch (``touch_batch``), for every
 loader alike. A run's ``setup`` (work both sides do before timing, such as
@@ -118,7 +120,9 @@ def run_loader(scenario_name: str, run_key: str, params: dict[str, Any]) -> dict
     memory_at_start = _core.process_tree_memory(os.getpid())
 
     cpu_start = cpu_seconds()
+    start_wall = time.time()
     start = time.perf_counter()
+    batch_timeline: list[list[float]] = []
     first_batch_at = last_batch_at = first_batch_wall = last_batch_wall = 0.0
     batches = samples = total_bytes = 0
     first_samples = first_bytes = 0
@@ -134,6 +138,7 @@ def run_loader(scenario_name: str, run_key: str, params: dict[str, Any]) -> dict
         batches += 1
         samples += batch_samples
         total_bytes += batch_bytes
+        batch_timeline.append([last_batch_wall, samples])
     # Workers that the loader did not join itself are reaped here, so that
     # their CPU time is counted.
     for process in multiprocessing.active_children():
@@ -158,6 +163,8 @@ def run_loader(scenario_name: str, run_key: str, params: dict[str, Any]) -> dict
         "first_batch_s": first_batch_at - start,
         "first_batch_wall": first_batch_wall,
         "last_batch_wall": last_batch_wall,
+        "start_wall": start_wall,
+        "batch_timeline": batch_timeline,
         "run_s": last_batch_at - start,
         "samples_per_s": steady_samples / steady_s,
         "bytes_per_s": steady_bytes / steady_s,

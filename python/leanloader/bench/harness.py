@@ -169,8 +169,10 @@ def run_scenario(
             )
 
     results = []
+    timelines: dict[str, dict[str, list[list[float]]]] = {}
     for run in runs:
         rows = figures_by_run[run.run_key]
+        timelines[run.run_key] = _timeline(rows[-1])
         memcpy = statistics.median(memcpy_by_threads[run.threads])
         # "loader" is unique among the rows; "family" names the loader itself.
         result: dict[str, Any] = {"loader": run.run_key, "family": run.name}
@@ -198,8 +200,22 @@ def run_scenario(
         "ratios": ratios,
         "goals": _check_goals(scenario.goals, results, ratios),
         "rounds": order,
+        # The last round's memory pass of each run, seconds from the loader's
+        # start: [s, samples so far] per batch, [s, unreclaimable bytes] per
+        # memory sample (what `leanloader bench --plot` draws).
+        "timelines": timelines,
         "separate_passes": separate_passes,
         "skipped": skipped,
+    }
+
+
+def _timeline(figures: Mapping[str, Any]) -> dict[str, list[list[float]]]:
+    start = figures.get("start_wall", 0.0)
+    return {
+        "samples": [[at - start, count] for at, count in figures.get("batch_timeline", [])],
+        "unreclaimable_bytes": [
+            [at - start, value] for at, value in figures.get("memory_timeline", [])
+        ],
     }
 
 
@@ -256,6 +272,7 @@ def run_child(
         raise BenchError(f"{run.run_key}: no memory sample was taken while it ran")
     figures.update(sampler.peaks)
     figures.update(sampler.phases(figures["first_batch_wall"], figures["last_batch_wall"]))
+    figures["memory_timeline"] = [list(sample) for sample in sampler.timeline]
     # The loader's own share: the peak (and the steady state) above what the
     # process held before it.
     start = figures["start_unreclaimable_bytes"]

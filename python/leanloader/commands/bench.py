@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -40,6 +41,12 @@ def add_parser(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--rounds", type=int, default=MIN_ROUNDS, help=f"rounds (at least {MIN_ROUNDS})"
+    )
+    parser.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="write a PNG of samples/s and unreclaimable memory over time per loader "
+        "(the last round's memory pass; needs matplotlib)",
     )
     parser.add_argument(
         "--data-dir",
@@ -87,4 +94,46 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
     else:
         print(format_report(report))
+    if args.plot:
+        try:
+            write_plot(args.plot, report)
+        except ImportError:
+            print("leanloader bench: --plot needs matplotlib", file=sys.stderr)
+            return 1
+        print(f"plot written to {args.plot}", file=sys.stderr)
     return 0
+
+
+def write_plot(path: str, report: dict[str, Any]) -> None:
+    """samples/s (between consecutive batches) and unreclaimable memory over
+    time, one line per loader, from the report's timelines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (rate_axes, memory_axes) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
+    for loader, timeline in report.get("timelines", {}).items():
+        samples = timeline["samples"]
+        times = [at for at, _ in samples[1:]]
+        rates = [
+            (count - previous) / (at - previous_at) if at > previous_at else 0.0
+            for (previous_at, previous), (at, count) in itertools.pairwise(samples)
+        ]
+        (line,) = rate_axes.plot(times, rates, marker=".", label=loader)
+        memory = timeline["unreclaimable_bytes"]
+        memory_axes.plot(
+            [at for at, _ in memory],
+            [value / 2**20 for _, value in memory],
+            color=line.get_color(),
+            label=loader,
+        )
+    rate_axes.set_ylabel("samples/s (per batch)")
+    rate_axes.set_title(f"leanloader bench {report['scenario']} ({report['size']})")
+    rate_axes.legend()
+    memory_axes.set_ylabel("unreclaimable memory (MiB)")
+    memory_axes.set_xlabel("seconds since the loader started")
+    memory_axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
