@@ -194,12 +194,24 @@ void jpeg_decode(std::span<const std::byte> bytes, const DecodeOptions& options,
     }
     target = dst.data();
   } else {
-    out.pixels.resize(out_row * static_cast<size_t>(height));
+    try {
+      out.pixels.resize(out_row * static_cast<size_t>(height));
+    } catch (...) {
+      jpeg_destroy_decompress(&cinfo);
+      throw;
+    }
     target = out.pixels.data();
   }
   const bool direct = components == channels && !cmyk && static_cast<int64_t>(crop_x) == x0 &&
                       static_cast<int64_t>(crop_width) == width;
-  if (!direct) row.resize(static_cast<size_t>(crop_width) * static_cast<size_t>(components));
+  if (!direct) {
+    try {
+      row.resize(static_cast<size_t>(crop_width) * static_cast<size_t>(components));
+    } catch (...) {
+      jpeg_destroy_decompress(&cinfo);
+      throw;
+    }
+  }
   const size_t skip = static_cast<size_t>(x0 - crop_x) * static_cast<size_t>(components);
   for (int64_t y = 0; y < height; ++y) {
     uint8_t* line = target + static_cast<size_t>(y) * out_row;

@@ -117,18 +117,26 @@ TEST(ImageDecoderTest, JpegDecodesCloseToTheSource) {
 
 TEST(ImageDecoderTest, JpegRegionEqualsTheSameRegionOfAFullDecode) {
   const int w = 200, h = 150;
-  const auto file = encode_jpeg(pattern(w, h), w, h, 3, 90);
-  const DecodedImage full = decode(file);
-  const PixelBox box{37, 53, 101, 61};  // not MCU-aligned
-  const DecodedImage part = decode(file, {}, {box, 0, 0});
-  ASSERT_EQ(part.width, box.width);
-  ASSERT_EQ(part.height, box.height);
-  std::vector<uint8_t> expected;
-  for (int64_t y = box.y; y < box.y + box.height; ++y) {
-    const auto* row = full.pixels.data() + (y * w + box.x) * 3;
-    expected.insert(expected.end(), row, row + box.width * 3);
+  for (const bool progressive : {false, true}) {
+    for (const int channels : {3, 1}) {
+      const auto file = encode_jpeg(pattern(w, h, channels), w, h, channels, 90, progressive);
+      const DecodedImage full = decode(file);
+      for (const PixelBox box : {PixelBox{37, 53, 101, 61}, PixelBox{0, 0, 17, 9},
+                                 PixelBox{32, 16, 168, 134}, PixelBox{199, 149, 1, 1}}) {
+        const DecodedImage part = decode(file, {}, {box, 0, 0});
+        ASSERT_EQ(part.width, box.width);
+        ASSERT_EQ(part.height, box.height);
+        std::vector<uint8_t> expected;
+        for (int64_t y = box.y; y < box.y + box.height; ++y) {
+          const auto* row = full.pixels.data() + (y * w + box.x) * 3;
+          expected.insert(expected.end(), row, row + box.width * 3);
+        }
+        EXPECT_EQ(max_difference(part.pixels, expected), 0)
+            << "progressive " << progressive << " channels " << channels << " box " << box.x << ","
+            << box.y;
+      }
+    }
   }
-  EXPECT_EQ(max_difference(part.pixels, expected), 0);
 }
 
 TEST(ImageDecoderTest, JpegDctScalingKeepsTheRegionAtLeastTheAskedSize) {
