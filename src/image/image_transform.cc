@@ -190,62 +190,111 @@ uint16_t float_to_bfloat16(float value) {
   return static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
 }
 
-// Writes `from` (flipped if asked) in the output's layout and dtype.
-void write_output(const View& from, bool flip, const ImageOutput& output, std::byte* dst) {
+// Each output value is a function of (channel, byte): a table per channel in
+// the output type makes the write a lookup and a store.
+template <class T>
+using ChannelTables = std::vector<std::array<T, 256>>;
+
+template <class T>
+void write_through_tables(const View& from, bool flip, bool chw, const ChannelTables<T>& tables,
+                          T* out) {
   const auto width = static_cast<size_t>(from.width), height = static_cast<size_t>(from.height);
   const auto channels = static_cast<size_t>(from.channels);
-  const bool chw = output.layout == ImageLayout::kCHW;
-  auto source_x = [&](size_t x) { return flip ? width - 1 - x : x; };
-  if (output.dtype == DType::kU8) {
-    auto* out = reinterpret_cast<uint8_t*>(dst);
-    for (size_t y = 0; y < height; ++y) {
-      const uint8_t* row = from.data + y * from.stride;
-      if (!chw && !flip) {
-        std::memcpy(out + y * width * channels, row, width * channels);
-        continue;
-      }
-      for (size_t x = 0; x < width; ++x) {
-        const uint8_t* pixel = row + source_x(x) * channels;
-        for (size_t c = 0; c < channels; ++c) {
-          const size_t at = chw ? (c * height + y) * width + x : (y * width + x) * channels + c;
-          out[at] = pixel[c];
+  if (chw) {
+    for (size_t c = 0; c < channels; ++c) {
+      const std::array<T, 256>& table = tables[c];
+      for (size_t y = 0; y < height; ++y) {
+        const uint8_t* row = from.data + y * from.stride + c;
+        T* line = out + (c * height + y) * width;
+        if (flip) {
+          for (size_t x = 0; x < width; ++x) line[x] = table[row[(width - 1 - x) * channels]];
+        } else {
+          for (size_t x = 0; x < width; ++x) line[x] = table[row[x * channels]];
         }
       }
     }
     return;
   }
-  // torchvision's arithmetic in float32: ToTensor's x / 255, then
-  // (x - mean) / std; 256 values per channel, so a table holds them.
-  std::vector<std::array<float, 256>> table(channels);
-  for (size_t c = 0; c < channels; ++c) {
-    for (int v = 0; v < 256; ++v) {
-      float x = static_cast<float>(v) / 255.0f;
-      if (!output.mean.empty()) x = (x - output.mean[c]) / output.std[c];
-      table[c][static_cast<size_t>(v)] = x;
-    }
-  }
-  auto store = [&](size_t at, float value) {
-    switch (output.dtype) {
-      case DType::kF32:
-        reinterpret_cast<float*>(dst)[at] = value;
-        break;
-      case DType::kF16:
-        reinterpret_cast<uint16_t*>(dst)[at] = float_to_half(value);
-        break;
-      default:
-        reinterpret_cast<uint16_t*>(dst)[at] = float_to_bfloat16(value);
-        break;
-    }
-  };
   for (size_t y = 0; y < height; ++y) {
     const uint8_t* row = from.data + y * from.stride;
+    T* line = out + y * width * channels;
     for (size_t x = 0; x < width; ++x) {
-      const uint8_t* pixel = row + source_x(x) * channels;
-      for (size_t c = 0; c < channels; ++c) {
-        const size_t at = chw ? (c * height + y) * width + x : (y * width + x) * channels + c;
-        store(at, table[c][pixel[c]]);
+      const uint8_t* pixel = row + (flip ? width - 1 - x : x) * channels;
+      for (size_t c = 0; c < channels; ++c) line[x * channels + c] = tables[c][pixel[c]];
+    }
+  }
+}
+
+}  // namespace
+
+namespace detail {
+
+struct OutputTables {
+  ChannelTables<uint8_t> bytes;
+  ChannelTables<float> floats;
+  ChannelTables<uint16_t> halves;  // float16 or bfloat16 bits
+};
+
+}  // namespace detail
+
+namespace {
+
+std::shared_ptr<const detail::OutputTables> make_tables(const ImageOutput& output, int channels) {
+  auto tables = std::make_shared<detail::OutputTables>();
+  const auto count = static_cast<size_t>(channels);
+  if (output.dtype == DType::kU8) {
+    tables->bytes.resize(count);
+    for (auto& table : tables->bytes) {
+      for (size_t v = 0; v < 256; ++v) table[v] = static_cast<uint8_t>(v);
+    }
+    return tables;
+  }
+  // torchvision's arithmetic in float32: ToTensor's x / 255, then
+  // (x - mean) / std.
+  tables->floats.resize(count);
+  for (size_t c = 0; c < count; ++c) {
+    for (size_t v = 0; v < 256; ++v) {
+      float x = static_cast<float>(v) / 255.0f;
+      if (!output.mean.empty()) x = (x - output.mean[c]) / output.std[c];
+      tables->floats[c][v] = x;
+    }
+  }
+  if (output.dtype != DType::kF32) {
+    tables->halves.resize(count);
+    for (size_t c = 0; c < count; ++c) {
+      for (size_t v = 0; v < 256; ++v) {
+        const float x = tables->floats[c][v];
+        tables->halves[c][v] =
+            output.dtype == DType::kF16 ? float_to_half(x) : float_to_bfloat16(x);
       }
     }
+  }
+  return tables;
+}
+
+// Writes `from` (flipped if asked) in the output's layout and dtype.
+void write_output(const View& from, bool flip, const ImageOutput& output,
+                  const detail::OutputTables& tables, std::byte* dst) {
+  const auto channels = static_cast<size_t>(from.channels);
+  const bool chw = output.layout == ImageLayout::kCHW;
+  switch (output.dtype) {
+    case DType::kU8:
+      if (!chw && !flip) {
+        const size_t row = static_cast<size_t>(from.width) * channels;
+        for (int64_t y = 0; y < from.height; ++y) {
+          std::memcpy(dst + static_cast<size_t>(y) * row,
+                      from.data + static_cast<size_t>(y) * from.stride, row);
+        }
+        return;
+      }
+      write_through_tables(from, flip, chw, tables.bytes, reinterpret_cast<uint8_t*>(dst));
+      return;
+    case DType::kF32:
+      write_through_tables(from, flip, chw, tables.floats, reinterpret_cast<float*>(dst));
+      return;
+    default:
+      write_through_tables(from, flip, chw, tables.halves, reinterpret_cast<uint16_t*>(dst));
+      return;
   }
 }
 
@@ -349,6 +398,7 @@ ImageTransform::ImageTransform(std::vector<TransformStep> steps, ImageOutput out
       }
     }
   }
+  tables_ = make_tables(output_, channels_);
 }
 
 std::optional<Shape> ImageTransform::fixed_shape() const {
@@ -485,7 +535,7 @@ void ImageTransform::run(std::span<const std::byte> bytes, const ImageInfo& info
     resize_into(view, op.width, op.height, target.data(), blurred);
     view = View{target.data(), op.width, op.height, view.channels, row};
   }
-  write_output(view, params.flipped, output_, dst.data());
+  write_output(view, params.flipped, output_, *tables_, dst.data());
 }
 
 std::string ImageTransform::describe() const {

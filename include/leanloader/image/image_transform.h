@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -24,6 +25,10 @@
 #include "leanloader/image/philox.h"
 
 namespace leanloader {
+
+namespace detail {
+struct OutputTables;  // the output value of each (channel, byte), built once
+}
 
 struct TransformStep {
   enum class Kind { kResize, kCenterCrop, kRandomResizedCrop, kHorizontalFlip };
@@ -111,6 +116,7 @@ class ImageTransform {
   std::vector<TransformStep> steps_;
   ImageOutput output_;
   int channels_;
+  std::shared_ptr<const detail::OutputTables> tables_;
 };
 
 }  // namespace leanloader
