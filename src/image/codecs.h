@@ -34,12 +34,13 @@ void jpeg_decode(std::span<const std::byte> bytes, const DecodeOptions& options,
                  const PixelBox& box, int64_t min_width, int64_t min_height, DecodedImage& out,
                  std::span<uint8_t> dst);
 
-// PNG and WebP decode the whole image into `dst` (width x height x
-// channels bytes).
+// PNG decodes the whole image into `dst` (width x height x channels bytes).
 void png_decode(std::span<const std::byte> bytes, const DecodeOptions& options, StoredSize size,
                 std::span<uint8_t> dst);
+// WebP decodes `box` of the image (cropped by libwebp) into `dst` (box
+// width x height x channels bytes).
 void webp_decode(std::span<const std::byte> bytes, const DecodeOptions& options, StoredSize size,
-                 std::span<uint8_t> dst);
+                 const PixelBox& box, std::span<uint8_t> dst);
 
 // The EXIF orientation (1..8) in the image's metadata, nullopt when absent
 // or malformed (as Pillow, a bad EXIF block is no orientation).

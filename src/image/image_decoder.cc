@@ -138,7 +138,7 @@ void decode_whole(std::span<const std::byte> bytes, ImageFormat format, StoredSi
       detail::png_decode(bytes, options, size, dst);
       return;
     case ImageFormat::kWebp:
-      detail::webp_decode(bytes, options, size, dst);
+      detail::webp_decode(bytes, options, size, {0, 0, size.width, size.height}, dst);
       return;
     case ImageFormat::kUnknown:
       break;
@@ -216,6 +216,22 @@ void decode_image(std::span<const std::byte> bytes, const ImageInfo& info,
     const bool turned = turns(info.orientation);
     detail::jpeg_decode(bytes, options, stored, turned ? request.min_height : request.min_width,
                         turned ? request.min_width : request.min_height, out, {});
+  } else if (info.format == ImageFormat::kWebp) {
+    // Lossy WebP upsamples chroma: pixels at the edge of a cropped decode
+    // differ from a full decode's, so a margin is decoded and cut off.
+    constexpr int64_t kMargin = 4;
+    const int64_t x0 = std::max<int64_t>(0, stored.x - kMargin) & ~int64_t{1};
+    const int64_t y0 = std::max<int64_t>(0, stored.y - kMargin) & ~int64_t{1};
+    const int64_t x1 = std::min(size.width, stored.x + stored.width + kMargin);
+    const int64_t y1 = std::min(size.height, stored.y + stored.height + kMargin);
+    const PixelBox margin{x0, y0, x1 - x0, y1 - y0};
+    out.pixels.resize(image_bytes(margin.width, margin.height, channels));
+    detail::webp_decode(bytes, options, size, margin, out.pixels);
+    out.width = margin.width;
+    out.height = margin.height;
+    out.channels = channels;
+    out.scale = 1.0;
+    cut(out, {stored.x - x0, stored.y - y0, stored.width, stored.height});
   } else {
     out.pixels.resize(image_bytes(size.width, size.height, channels));
     decode_whole(bytes, info.format, size, options, out.pixels);

@@ -53,9 +53,9 @@ StoredSize webp_size(std::span<const std::byte> bytes) {
 }
 
 void webp_decode(std::span<const std::byte> bytes, const DecodeOptions& options, StoredSize size,
-                 std::span<uint8_t> dst) {
+                 const PixelBox& box, std::span<uint8_t> dst) {
   const int channels = color_mode_channels(options.mode);
-  const size_t pixels = static_cast<size_t>(size.width) * static_cast<size_t>(size.height);
+  const size_t pixels = static_cast<size_t>(box.width) * static_cast<size_t>(box.height);
   if (dst.size() != pixels * static_cast<size_t>(channels)) {
     throw InvalidArgument("WebP: destination has the wrong size");
   }
@@ -67,10 +67,19 @@ void webp_decode(std::span<const std::byte> bytes, const DecodeOptions& options,
     rgb.resize(pixels * 3);
     out = rgb.data();
   }
+  // libwebp crops while decoding (exact for RGB output: only YUV output
+  // rounds the offsets to even).
+  if (box.x != 0 || box.y != 0 || box.width != size.width || box.height != size.height) {
+    config.options.use_cropping = 1;
+    config.options.crop_left = static_cast<int>(box.x);
+    config.options.crop_top = static_cast<int>(box.y);
+    config.options.crop_width = static_cast<int>(box.width);
+    config.options.crop_height = static_cast<int>(box.height);
+  }
   config.output.colorspace = channels == 4 ? MODE_RGBA : MODE_RGB;
   config.output.is_external_memory = 1;
   config.output.u.RGBA.rgba = out;
-  config.output.u.RGBA.stride = static_cast<int>(size.width) * (channels == 4 ? 4 : 3);
+  config.output.u.RGBA.stride = static_cast<int>(box.width) * (channels == 4 ? 4 : 3);
   config.output.u.RGBA.size = pixels * (channels == 4 ? 4 : 3);
   const VP8StatusCode status =
       WebPDecode(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), &config);

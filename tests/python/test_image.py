@@ -197,6 +197,22 @@ def test_exif_orientation_as_pillows_exif_transpose(tmp_path):
         np.testing.assert_array_equal(decode(path), np.asarray(image))
 
 
+@pytest.mark.parametrize(
+    "name,options",
+    [("x.jpg", {"quality": 85}), ("x.jpg", {"progressive": True}), ("x.webp", {"quality": 70}),
+     ("x.png", {})],
+)  # fmt: skip
+def test_crops_decode_only_the_region_with_a_full_decodes_pixels(tmp_path, name, options):
+    path = tmp_path / name
+    natural_image(122, 154).save(path, **options)
+    full = decode(path)
+    for crop in [(33, 41), (50, 50), (7, 9), (122, 154)]:
+        source = ll.Images([path], transform=[ll.CenterCrop(crop)], layout="HWC")
+        ((i, j, h, w),) = source.transform_params(0)["crops"]
+        ours = read_all(source)["image"][0]
+        np.testing.assert_array_equal(ours, full[i : i + h, j : j + w])
+
+
 # -- transforms ---------------------------------------------------------------
 
 

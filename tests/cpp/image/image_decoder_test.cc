@@ -96,9 +96,21 @@ TEST(ImageDecoderTest, PngColorTypesDecodeExactly) {
 
 TEST(ImageDecoderTest, WebpLosslessDecodesExactly) {
   const auto rgb = pattern(31, 17);
-  const auto decoded = decode(encode_webp_lossless(rgb, 31, 17));
+  const auto file = encode_webp_lossless(rgb, 31, 17);
+  const auto decoded = decode(file);
   EXPECT_EQ(decoded.width, 31);
   EXPECT_EQ(decoded.pixels, rgb);
+  // A region (odd offsets) is cropped by libwebp, exactly.
+  const PixelBox box{5, 3, 19, 11};
+  const auto part = decode(file, {}, {box, 0, 0});
+  ASSERT_EQ(part.width, box.width);
+  ASSERT_EQ(part.height, box.height);
+  for (int64_t y = 0; y < box.height; ++y) {
+    for (int64_t x = 0; x < box.width * 3; ++x) {
+      ASSERT_EQ(part.pixels[size_t(y * box.width * 3 + x)],
+                rgb[size_t((y + box.y) * 31 * 3 + box.x * 3 + x)]);
+    }
+  }
 }
 
 TEST(ImageDecoderTest, JpegDecodesCloseToTheSource) {
