@@ -18,6 +18,11 @@ batch 256, shuffled, 2 threads / 2 workers.
   ``transforms.RandomResizedCrop.get_params``; PyPI's torchvision does not
   import beside this torch), ``Image.resize(BILINEAR)`` (antialiased), a flip
   and ToTensor + Normalize in torch.
+- ``spdl``: SPDL's pipeline (``spdl.pipeline.PipelineBuilder``, 2 threads):
+  ``spdl.io.demux_image`` for the size, the same crop parameters, FFmpeg's
+  decoder and filter graph (``crop``, bilinear ``scale``, ``hflip``), batched
+  by ``spdl.io.convert_frames`` and normalized in torch. A bench-only
+  dependency (``pip install spdl==0.8.0``); skipped when it is not installed.
 """
 
 from __future__ import annotations
@@ -191,6 +196,45 @@ def iterate_torch(context: LoaderContext) -> Iterator[Any]:
         del loader
 
 
+def iterate_spdl(context: LoaderContext) -> Iterator[Any]:
+    import spdl.io
+    import torch
+    from spdl.pipeline import PipelineBuilder
+
+    mean = torch.tensor(MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(STD).view(1, 3, 1, 1)
+
+    def load(path: str) -> Any:
+        packets = spdl.io.demux_image(path)
+        i, j, h, w = random_resized_crop_params(packets.width, packets.height)
+        flip = ",hflip" if random.random() < 0.5 else ""
+        return spdl.io.decode_packets(
+            packets,
+            filter_desc=f"crop={w}:{h}:{j}:{i},scale={CROP}:{CROP}:flags=bilinear{flip},"
+            "format=rgb24",
+        )
+
+    def collate(frames: list[Any]) -> Any:
+        batch = spdl.io.to_torch(spdl.io.convert_frames(frames))  # (B, H, W, 3) uint8
+        return (batch.permute(0, 3, 1, 2).float().div(255) - mean) / std
+
+    order = random.Random(context.seed)
+    for _epoch in range(int(context.size["epochs"])):
+        paths = list(context.data["paths"])
+        order.shuffle(paths)
+        pipeline = (
+            PipelineBuilder()
+            .add_source(paths)
+            .pipe(load, concurrency=THREADS)
+            .aggregate(BATCH_SIZE)
+            .pipe(collate)
+            .add_sink(2)
+            .build(num_threads=THREADS)
+        )
+        with pipeline.auto_stop():
+            yield from pipeline
+
+
 def _seed_worker(worker_id: int) -> None:
     import torch
 
@@ -235,10 +279,18 @@ SCENARIO = Scenario(
             imports=("torch", "PIL"),
             label=f"torch DataLoader + PIL, {THREADS} worker processes",
         ),
+        LoaderRun(
+            name="spdl",
+            function=iterate_spdl,
+            threads=THREADS,
+            imports=("spdl.io", "spdl.pipeline", "torch"),
+            label=f"SPDL pipeline (FFmpeg decode + filter graph), {THREADS} threads",
+        ),
     ),
-    ratios=(("leanloader", "torch"), ("leanloader", "decode-limit")),
+    ratios=(("leanloader", "torch"), ("leanloader", "spdl"), ("leanloader", "decode-limit")),
     goals=(
         Goal("samples/s ≥ 2× torch+PIL", "samples_per_s", at_least=2.0, ratio="leanloader/torch"),
+        Goal("samples/s ≥ 1× SPDL", "samples_per_s", at_least=1.0, ratio="leanloader/spdl"),
         Goal(
             "samples/s ≥ 1.2× the full-decode limit",
             "samples_per_s",
