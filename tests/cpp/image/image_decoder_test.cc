@@ -250,5 +250,30 @@ TEST(ImageDecoderTest, ExifOrientationTurnsTheImage) {
   }
 }
 
+TEST(ImageDecoderTest, RegionsOfOrientedImagesEqualTheOrientedWhole) {
+  const int w = 48, h = 32;
+  const auto rgb = pattern(w, h);
+  for (int orientation = 1; orientation <= 8; ++orientation) {
+    const auto file =
+        encode_jpeg(rgb, w, h, 3, 95, false, testing::exif_orientation_block(orientation));
+    DecodeOptions oriented;
+    oriented.exif_orientation = true;
+    const DecodedImage whole = decode(file, oriented);
+    for (const PixelBox box : {PixelBox{3, 5, 9, 20}, PixelBox{0, 0, 1, 1},
+                               PixelBox{7, 2, whole.width - 7, whole.height - 2}}) {
+      const DecodedImage part = decode(file, oriented, {box, 0, 0});
+      ASSERT_EQ(part.width, box.width) << orientation;
+      ASSERT_EQ(part.height, box.height) << orientation;
+      for (int64_t y = 0; y < box.height; ++y) {
+        for (int64_t x = 0; x < box.width * 3; ++x) {
+          ASSERT_EQ(part.pixels[size_t(y * box.width * 3 + x)],
+                    whole.pixels[size_t((y + box.y) * whole.width * 3 + box.x * 3 + x)])
+              << "orientation " << orientation << " box " << box.x << "," << box.y;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace leanloader
