@@ -29,7 +29,8 @@ StoredSize webp_size(std::span<const std::byte> bytes);
 // smallest in 1..8 that keeps the box at least min_width x min_height (1
 // when both are 0). With `dst` (exactly the whole image's bytes at scale 1)
 // the whole image is decoded there; otherwise into out.pixels, and
-// out.width/height/channels/scale describe the result.
+// out.width/height/channels/scale describe the result and out.region_* the
+// exact box inside it (stored orientation).
 void jpeg_decode(std::span<const std::byte> bytes, const DecodeOptions& options,
                  const PixelBox& box, int64_t min_width, int64_t min_height, DecodedImage& out,
                  std::span<uint8_t> dst);

@@ -241,9 +241,27 @@ void decode_image(std::span<const std::byte> bytes, const ImageInfo& info,
     out.scale = 1.0;
     cut(out, stored);
   }
+  if (info.format != ImageFormat::kJpeg) {
+    out.region_x = out.region_y = 0;
+    out.region_width = static_cast<double>(out.width);
+    out.region_height = static_cast<double>(out.height);
+  }
+  // The region's margins inside the pixels move with the orientation.
+  const double left = out.region_x, top = out.region_y;
+  const double right = static_cast<double>(out.width) - out.region_x - out.region_width;
+  const double bottom = static_cast<double>(out.height) - out.region_y - out.region_height;
+  const double margins[9][4] = {
+      {left, top, right, bottom}, {left, top, right, bottom}, {right, top, left, bottom},
+      {right, bottom, left, top}, {left, bottom, right, top}, {top, left, bottom, right},
+      {bottom, left, top, right}, {bottom, right, top, left}, {top, right, bottom, left}};
   thread_local std::vector<uint8_t> spare;
   const detail::ScratchTrim<uint8_t, 1> trim({&spare});
   orient(out, info.orientation, spare);
+  const double* m = margins[std::clamp(info.orientation, 1, 8)];
+  out.region_x = m[0];
+  out.region_y = m[1];
+  out.region_width = static_cast<double>(out.width) - m[0] - m[2];
+  out.region_height = static_cast<double>(out.height) - m[1] - m[3];
   out.region = box;
 }
 

@@ -170,6 +170,35 @@ void resize_into(const View& from, int64_t width, int64_t height, uint8_t* to,
   cv::resize(source, target, target.size(), 0, 0, shrinking ? cv::INTER_AREA : cv::INTER_LINEAR);
 }
 
+// Resizes the fractional box (x, y, w, h) of `from` (a DCT-scaled decode
+// widened to whole pixels) to width x height: each output pixel's center is
+// sampled bilinearly at its exact place in the box (rounding the box to whole
+// pixels would shift the crop by up to half an output pixel: measured, 25-36
+// dB against Pillow instead of 40-44). A Gaussian of variance (s^2 - 1) / 4
+// for a shrink s antialiases first: Pillow's triangle filter has s^2 / 6 and
+// bilinear sampling about 1/6, but the scaled IDCT keeps more detail than
+// Pillow's full-size decode shrunk, and this variance measured closest.
+void resize_box_into(const View& from, double x, double y, double w, double h, int64_t width,
+                     int64_t height, uint8_t* to, std::vector<uint8_t>& blurred) {
+  cv::Mat source = from.mat();
+  cv::Mat target(static_cast<int>(height), static_cast<int>(width), CV_8UC(from.channels), to);
+  const double shrink_x = w / static_cast<double>(width);
+  const double shrink_y = h / static_cast<double>(height);
+  const double variance_x = (shrink_x * shrink_x - 1.0) / 4.0;
+  const double variance_y = (shrink_y * shrink_y - 1.0) / 4.0;
+  if (variance_x > 0.01 || variance_y > 0.01) {
+    blurred.resize(static_cast<size_t>(from.width * from.height * from.channels));
+    cv::Mat blur(source.rows, source.cols, source.type(), blurred.data());
+    cv::GaussianBlur(source, blur, cv::Size(0, 0), std::sqrt(std::max(variance_x, 1e-6)),
+                     std::sqrt(std::max(variance_y, 1e-6)), cv::BORDER_REPLICATE);
+    source = blur;
+  }
+  const cv::Matx23d to_source(shrink_x, 0.0, x + 0.5 * shrink_x - 0.5, 0.0, shrink_y,
+                              y + 0.5 * shrink_y - 0.5);
+  cv::warpAffine(source, target, to_source, target.size(), cv::INTER_LINEAR | cv::WARP_INVERSE_MAP,
+                 cv::BORDER_REPLICATE);
+}
+
 uint16_t float_to_half(float value) {
   const uint32_t bits = std::bit_cast<uint32_t>(value);
   const uint32_t sign = (bits >> 16) & 0x8000u;
@@ -512,6 +541,11 @@ void ImageTransform::run(std::span<const std::byte> bytes, const ImageInfo& info
 
   View view{decoded.pixels.data(), decoded.width, decoded.height, decoded.channels,
             static_cast<size_t>(decoded.width) * static_cast<size_t>(decoded.channels)};
+  // A shrunk decode holds the region at a fractional place: the first resize
+  // samples it there.
+  bool fractional = decoded.region_x != 0.0 || decoded.region_y != 0.0 ||
+                    decoded.region_width != static_cast<double>(decoded.width) ||
+                    decoded.region_height != static_cast<double>(decoded.height);
   const bool direct_last =
       !params.flipped && output_.dtype == DType::kU8 && output_.layout == ImageLayout::kHWC;
   int spare = 0;
@@ -525,14 +559,21 @@ void ImageTransform::run(std::span<const std::byte> bytes, const ImageInfo& info
       continue;
     }
     const size_t row = static_cast<size_t>(op.width) * static_cast<size_t>(view.channels);
-    if (direct_last && next + 1 == ops.size()) {
-      resize_into(view, op.width, op.height, reinterpret_cast<uint8_t*>(dst.data()), blurred);
-      return;
-    }
+    const bool last = direct_last && next + 1 == ops.size();
     std::vector<uint8_t>& target = buffers[spare];
-    spare ^= 1;
-    target.resize(row * static_cast<size_t>(op.height));
-    resize_into(view, op.width, op.height, target.data(), blurred);
+    if (!last) {
+      spare ^= 1;
+      target.resize(row * static_cast<size_t>(op.height));
+    }
+    uint8_t* out = last ? reinterpret_cast<uint8_t*>(dst.data()) : target.data();
+    if (fractional) {
+      resize_box_into(view, decoded.region_x, decoded.region_y, decoded.region_width,
+                      decoded.region_height, op.width, op.height, out, blurred);
+      fractional = false;
+    } else {
+      resize_into(view, op.width, op.height, out, blurred);
+    }
+    if (last) return;
     view = View{target.data(), op.width, op.height, view.channels, row};
   }
   write_output(view, params.flipped, output_, *tables_, dst.data());

@@ -234,6 +234,11 @@ void jpeg_decode(std::span<const std::byte> bytes, const DecodeOptions& options,
   out.height = height;
   out.channels = channels;
   out.scale = scale / 8.0;
+  // The exact box at this scale, relative to the whole pixels decoded.
+  out.region_x = static_cast<double>(box.x) * out.scale - static_cast<double>(x0);
+  out.region_y = static_cast<double>(box.y) * out.scale - static_cast<double>(y0);
+  out.region_width = static_cast<double>(box.width) * out.scale;
+  out.region_height = static_cast<double>(box.height) * out.scale;
 }
 
 }  // namespace leanloader::detail

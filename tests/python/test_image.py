@@ -299,6 +299,30 @@ def test_random_resized_crop_boxes_follow_torchvision(tmp_path, shape, scale):
         assert fallbacks > 0  # the central fallback was exercised
 
 
+@pytest.mark.parametrize(
+    "name,dct_scaling,min_psnr", [("x.png", False, 45), ("x.jpg", False, 45), ("x.jpg", True, 37)]
+)
+def test_reported_params_are_the_ones_applied(tmp_path, name, dct_scaling, min_psnr):
+    path = tmp_path / name
+    natural_image(300, 400).save(path, **({"quality": 95} if name.endswith(".jpg") else {}))
+    reference_image = Image.open(path).convert("RGB")
+    transform = [ll.RandomResizedCrop(64), ll.RandomHorizontalFlip()]
+    source = ll.Images([path] * 12, transform=transform, layout="HWC", dct_scaling=dct_scaling)
+    loader = ll.Loader(source, batch_size=4, shuffle=True, seed=5, num_threads=2, output="numpy")
+    loader.set_epoch(2)
+    flips = 0
+    for batch in loader:
+        for index, image in zip(loader.last_indices, batch["image"], strict=True):
+            params = source.transform_params(int(index), epoch=2, seed=5)
+            ((i, j, h, w),) = params["crops"]
+            expected = reference_image.resize((64, 64), Image.BILINEAR, box=(j, i, j + w, i + h))
+            if params["flipped"]:
+                expected = expected.transpose(Image.FLIP_LEFT_RIGHT)
+                flips += 1
+            assert psnr(image, np.asarray(expected)) >= min_psnr, (index, params)
+    assert 0 < flips < 12
+
+
 def test_flip_normalize_and_dtypes_match_a_numpy_reference(tmp_path):
     image = natural_image(20, 30)
     image.save(tmp_path / "x.png")

@@ -92,10 +92,17 @@ struct DecodedImage {
   int64_t width = 0;
   int64_t height = 0;
   int channels = 0;
-  // The displayed-image region these pixels show, and the factor they were
+  // The displayed-image region asked for, and the factor the pixels were
   // shrunk by (1 = full resolution; JPEG: n/8).
   PixelBox region;
   double scale = 1.0;
+  // Where `region` lies in `pixels`, in pixels: the whole image (0, 0,
+  // width, height) at full resolution; a fractional box inside a slightly
+  // larger one when shrunk (the decoder widens to whole pixels).
+  double region_x = 0;
+  double region_y = 0;
+  double region_width = 0;
+  double region_height = 0;
 };
 
 // Decodes `request.region` of the image into `out`. `info` must come from
