@@ -323,6 +323,28 @@ def test_reported_params_are_the_ones_applied(tmp_path, name, dct_scaling, min_p
     assert 0 < flips < 12
 
 
+@pytest.mark.parametrize("orientation", [2, 3, 5, 6, 7, 8])
+def test_dct_scaled_crops_of_oriented_jpegs_follow_pillows_exif_transpose(tmp_path, orientation):
+    from PIL import ImageOps
+
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    path = tmp_path / "x.jpg"
+    natural_image(300, 400).save(path, quality=95, exif=exif.tobytes())
+    with Image.open(path) as opened:
+        upright = ImageOps.exif_transpose(opened).convert("RGB")
+    source = ll.Images(
+        [path] * 6, transform=[ll.RandomResizedCrop(64)], layout="HWC", exif_orientation=True
+    )
+    images = read_all(source)["image"]
+    for index, image in enumerate(images):
+        params = source.transform_params(index)
+        assert params["image_size"] == (upright.height, upright.width)
+        ((i, j, h, w),) = params["crops"]
+        expected = upright.resize((64, 64), Image.BILINEAR, box=(j, i, j + w, i + h))
+        assert psnr(image, np.asarray(expected)) >= 37, (orientation, index, params)
+
+
 def test_flip_normalize_and_dtypes_match_a_numpy_reference(tmp_path):
     image = natural_image(20, 30)
     image.save(tmp_path / "x.png")
