@@ -1,14 +1,17 @@
 // libFuzzer target: every image decoder entry (JPEG, PNG, WebP, told by magic
-// bytes; EXIF orientation) on arbitrary bytes. The first two bytes choose the
-// options (color mode, EXIF, lenient JPEG) and the decode region; the rest is
-// the file. A FormatError is the only acceptable failure; anything else (a
-// crash, a sanitizer report, another exception) is a bug.
+// bytes; EXIF orientation) on arbitrary bytes, and the fused transform path
+// (region + DCT-scaled decode, resize, flip, normalize). The first two bytes
+// choose the options (color mode, EXIF, lenient JPEG, entry) and the decode
+// region or the draws; the rest is the file. A FormatError is the only acceptable failure; anything
+// else (a crash, a sanitizer report, another exception) is a bug.
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "leanloader/core/error.h"
 #include "leanloader/image/image_decoder.h"
+#include "leanloader/image/image_transform.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 2) return 0;
@@ -22,6 +25,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     const leanloader::ImageInfo info = leanloader::read_image_info(bytes, options);
     leanloader::DecodedImage out;
+    if (flags & 32) {
+      // Small outputs (17x23) from any image: crops, shrinking and enlarging.
+      leanloader::ImageOutput output;
+      output.dtype = leanloader::DType::kF32;
+      const leanloader::ImageTransform transform(
+          {leanloader::TransformStep::random_resized_crop(17, 23),
+           leanloader::TransformStep::horizontal_flip()},
+          output, leanloader::color_mode_channels(options.mode));
+      leanloader::SampleRandom random(region, 0, flags);
+      leanloader::TransformParams params = transform.plan(info.width, info.height, random);
+      std::vector<float> pixels(static_cast<size_t>(17 * 23 * transform.channels()));
+      transform.run(bytes, info, options, params, (flags & 64) != 0,
+                    {reinterpret_cast<std::byte*>(pixels.data()), pixels.size() * sizeof(float)});
+      return 0;
+    }
     if (flags & 16) {
       out.pixels.resize(static_cast<size_t>(info.width * info.height) *
                         static_cast<size_t>(leanloader::color_mode_channels(options.mode)));
