@@ -65,6 +65,9 @@ nb::dict params_dict(const TransformParams& params) {
   nb::list resizes;
   for (const auto& [h, w] : params.resizes) resizes.append(nb::make_tuple(h, w));
   out["resizes"] = resizes;
+  nb::list flips;
+  for (const bool flip : params.flips) flips.append(flip);
+  out["flips"] = flips;
   out["flipped"] = params.flipped;
   out["output_size"] = nb::make_tuple(params.output_height, params.output_width);
   return out;

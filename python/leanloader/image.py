@@ -89,8 +89,8 @@ class Resize(Transform):
 
 
 class CenterCrop(Transform):
-    """torchvision's ``CenterCrop`` (an image smaller than the crop is an error;
-    torchvision pads it)."""
+    """torchvision's ``CenterCrop``: an image smaller than the crop is padded
+    with zeros first, as torchvision does."""
 
     def __init__(self, size: int | Sequence[int]):
         self.size = _size_pair(size, "CenterCrop")

@@ -105,16 +105,16 @@ TransformParams make_plan(const std::vector<TransformStep>& steps, int64_t width
         break;
       }
       case TransformStep::Kind::kCenterCrop: {
-        if (step.height > height || step.width > width) {
-          throw InvalidArgument("CenterCrop(" + std::to_string(step.height) + "x" +
-                                std::to_string(step.width) + ") of a " + std::to_string(height) +
-                                "x" + std::to_string(width) +
-                                " image: the crop is larger than the image (torchvision would "
-                                "pad; resize first)");
-        }
-        const int64_t top = round_half_even(static_cast<double>(height - step.height) / 2.0);
-        const int64_t left = round_half_even(static_cast<double>(width - step.width) / 2.0);
-        add_crop({left, top, step.width, step.height});
+        // torchvision's center_crop: an image smaller than the crop is padded
+        // with zeros (left/top get the smaller half), then cropped at the
+        // center. The box is in the unpadded image and may reach outside it.
+        const int64_t pad_left = step.width > width ? (step.width - width) / 2 : 0;
+        const int64_t pad_top = step.height > height ? (step.height - height) / 2 : 0;
+        const int64_t padded_width = std::max(width, step.width);
+        const int64_t padded_height = std::max(height, step.height);
+        const int64_t top = round_half_even(static_cast<double>(padded_height - step.height) / 2.0);
+        const int64_t left = round_half_even(static_cast<double>(padded_width - step.width) / 2.0);
+        add_crop({left - pad_left, top - pad_top, step.width, step.height});
         break;
       }
       case TransformStep::Kind::kRandomResizedCrop: {
@@ -122,9 +122,12 @@ TransformParams make_plan(const std::vector<TransformStep>& steps, int64_t width
         add_resize(step.width, step.height);
         break;
       }
-      case TransformStep::Kind::kHorizontalFlip:
-        if (random.uniform() < step.p) flip = !flip;
+      case TransformStep::Kind::kHorizontalFlip: {
+        const bool draw = random.uniform() < step.p;
+        params.flips.push_back(draw);
+        if (draw) flip = !flip;
         break;
+      }
     }
   }
   params.flipped = flip;
@@ -146,6 +149,33 @@ struct View {
                    const_cast<uint8_t*>(data), stride);
   }
 };
+
+// The part of `box` inside a width x height image (empty boxes have width or
+// height 0).
+PixelBox intersect(const PixelBox& box, int64_t width, int64_t height) {
+  const int64_t x0 = std::clamp<int64_t>(box.x, 0, width);
+  const int64_t y0 = std::clamp<int64_t>(box.y, 0, height);
+  const int64_t x1 = std::clamp<int64_t>(box.x + box.width, 0, width);
+  const int64_t y1 = std::clamp<int64_t>(box.y + box.height, 0, height);
+  return {x0, y0, x1 - x0, y1 - y0};
+}
+
+// `box` of `from` (reaching outside it) in `canvas`: zeros outside, as
+// torchvision's pad(fill=0).
+View pad_into(const View& from, const PixelBox& box, std::vector<uint8_t>& canvas) {
+  const auto channels = static_cast<size_t>(from.channels);
+  const size_t row = static_cast<size_t>(box.width) * channels;
+  canvas.assign(row * static_cast<size_t>(box.height), 0);
+  const PixelBox inside = intersect(box, from.width, from.height);
+  for (int64_t y = 0; y < inside.height; ++y) {
+    const uint8_t* source = from.data + static_cast<size_t>(inside.y + y) * from.stride +
+                            static_cast<size_t>(inside.x) * channels;
+    uint8_t* target = canvas.data() + static_cast<size_t>(inside.y - box.y + y) * row +
+                      static_cast<size_t>(inside.x - box.x) * channels;
+    std::memcpy(target, source, static_cast<size_t>(inside.width) * channels);
+  }
+  return {canvas.data(), box.width, box.height, from.channels, row};
+}
 
 // Pillow's antialiased bilinear shrinks with a triangle filter as wide as two
 // output pixels (variance s^2/6 in input pixels for a factor s); OpenCV's
@@ -464,7 +494,7 @@ void ImageTransform::run(std::span<const std::byte> bytes, const ImageInfo& info
   std::vector<Op> ops;
   {
     int64_t width = params.image_width, height = params.image_height;
-    size_t crop = 0, resize = 0;
+    size_t crop = 0, resize = 0, flip_step = 0;
     bool flip = false;
     for (const TransformStep& step : steps_) {
       auto add_crop = [&](PixelBox box) {
@@ -496,6 +526,7 @@ void ImageTransform::run(std::span<const std::byte> bytes, const ImageInfo& info
           break;
         }
         case TransformStep::Kind::kHorizontalFlip:
+          if (params.flips.at(flip_step++)) flip = !flip;
           break;
       }
     }
@@ -520,15 +551,18 @@ void ImageTransform::run(std::span<const std::byte> bytes, const ImageInfo& info
   }
 
   // Leading crops become the decode region; the first resize after them
-  // bounds the DCT scaling.
+  // bounds the DCT scaling. A region reaching outside the image (CenterCrop
+  // padding) decodes the part inside at full size and pads it.
   PixelBox region{0, 0, info.width, info.height};
   size_t next = 0;
   for (; next < ops.size() && ops[next].crop; ++next) {
     region = {region.x + ops[next].box.x, region.y + ops[next].box.y, ops[next].box.width,
               ops[next].box.height};
   }
-  DecodeRequest request{region, 0, 0};
-  if (dct_scaling && next < ops.size()) {
+  const PixelBox inside = intersect(region, info.width, info.height);
+  const bool padded = !(inside == region);
+  DecodeRequest request{inside, 0, 0};
+  if (dct_scaling && !padded && next < ops.size()) {
     request.min_width = ops[next].width;
     request.min_height = ops[next].height;
   }
@@ -536,11 +570,25 @@ void ImageTransform::run(std::span<const std::byte> bytes, const ImageInfo& info
   thread_local std::vector<uint8_t> buffers[2];
   thread_local std::vector<uint8_t> blurred;
   const detail::ScratchTrim<uint8_t, 4> trim({&decoded.pixels, &buffers[0], &buffers[1], &blurred});
-  decode_image(bytes, info, options, request, decoded);
+  if (inside.width > 0 && inside.height > 0) {
+    decode_image(bytes, info, options, request, decoded);
+  } else {  // the region lies in the padding only: nothing to decode
+    decoded.pixels.clear();
+    decoded.width = decoded.height = 0;
+    decoded.channels = channels_;
+    decoded.scale = 1.0;
+    decoded.region_x = decoded.region_y = decoded.region_width = decoded.region_height = 0;
+  }
   params.decode_scale = decoded.scale;
 
   View view{decoded.pixels.data(), decoded.width, decoded.height, decoded.channels,
             static_cast<size_t>(decoded.width) * static_cast<size_t>(decoded.channels)};
+  int spare = 0;
+  if (padded) {
+    view = pad_into(view, {region.x - inside.x, region.y - inside.y, region.width, region.height},
+                    buffers[spare]);
+    spare ^= 1;
+  }
   // A shrunk decode holds the region at a fractional place: the first resize
   // samples it there.
   bool fractional = decoded.region_x != 0.0 || decoded.region_y != 0.0 ||
@@ -548,10 +596,14 @@ void ImageTransform::run(std::span<const std::byte> bytes, const ImageInfo& info
                     decoded.region_height != static_cast<double>(decoded.height);
   const bool direct_last =
       !params.flipped && output_.dtype == DType::kU8 && output_.layout == ImageLayout::kHWC;
-  int spare = 0;
   for (; next < ops.size(); ++next) {
     const Op& op = ops[next];
     if (op.crop) {
+      if (!(intersect(op.box, view.width, view.height) == op.box)) {
+        view = pad_into(view, op.box, buffers[spare]);
+        spare ^= 1;
+        continue;
+      }
       view.data += static_cast<size_t>(op.box.y) * view.stride +
                    static_cast<size_t>(op.box.x) * static_cast<size_t>(view.channels);
       view.width = op.box.width;

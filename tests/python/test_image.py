@@ -380,6 +380,43 @@ def test_center_crop_after_resize_as_torchvision(tmp_path):
     assert source.fields[0] == ("image", "U8", [3, 224, 224])
 
 
+def torchvision_center_crop(pixels: np.ndarray, crop_h: int, crop_w: int) -> np.ndarray:
+    """torchvision.transforms.functional.center_crop on an (H, W, C) array."""
+    height, width = pixels.shape[:2]
+    if crop_w > width or crop_h > height:
+        left = (crop_w - width) // 2 if crop_w > width else 0
+        top = (crop_h - height) // 2 if crop_h > height else 0
+        right = (crop_w - width + 1) // 2 if crop_w > width else 0
+        bottom = (crop_h - height + 1) // 2 if crop_h > height else 0
+        pixels = np.pad(pixels, ((top, bottom), (left, right), (0, 0)))
+        height, width = pixels.shape[:2]
+    top = round((height - crop_h) / 2.0)
+    left = round((width - crop_w) / 2.0)
+    return pixels[top : top + crop_h, left : left + crop_w]
+
+
+@pytest.mark.parametrize("crop", [(40, 25), (19, 41), (41, 41), (12, 13)])
+def test_center_crop_pads_small_images_as_torchvision(tmp_path, crop):
+    image = natural_image(20, 30)
+    image.save(tmp_path / "x.png")
+    pixels = np.asarray(image)
+    source = ll.Images([tmp_path / "x.png"], transform=[ll.CenterCrop(crop)], layout="HWC")
+    np.testing.assert_array_equal(
+        read_all(source)["image"][0], torchvision_center_crop(pixels, *crop)
+    )
+    flipped = ll.Images(
+        [tmp_path / "x.png"],
+        transform=[ll.RandomHorizontalFlip(1.0), ll.CenterCrop(crop)],
+        layout="HWC",
+    )
+    np.testing.assert_array_equal(
+        read_all(flipped)["image"][0], torchvision_center_crop(pixels[:, ::-1], *crop)
+    )
+    # Padded after a resize too.
+    resized = ll.Images([tmp_path / "x.png"], transform=[ll.Resize((10, 15)), ll.CenterCrop(crop)])
+    assert read_all(resized)["image"][0].shape == (3, *crop)
+
+
 # -- the loader: determinism, labels, ImageFolder --------------------------------
 
 

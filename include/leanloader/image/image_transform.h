@@ -72,7 +72,8 @@ struct TransformParams {
   // resize's output size, in the order of the steps.
   std::vector<PixelBox> crops;
   std::vector<std::pair<int64_t, int64_t>> resizes;  // (height, width)
-  bool flipped = false;
+  std::vector<bool> flips;                           // each RandomHorizontalFlip's draw, in order
+  bool flipped = false;  // the output is mirrored (an odd number of flips)
   int64_t output_width = 0;
   int64_t output_height = 0;
   double decode_scale = 1.0;  // JPEG DCT scaling used (1 = full size)

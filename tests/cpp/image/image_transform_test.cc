@@ -34,7 +34,9 @@ TEST(ImageTransformTest, CenterCropRoundsHalvesToEvenAsPython) {
   const auto params = plan({Step::center_crop(4, 5)}, 10, 9);
   ASSERT_EQ(params.crops.size(), 1u);
   EXPECT_EQ(params.crops[0], (PixelBox{2, 2, 5, 4}));  // round(2.5) = 2, round(2.5) = 2
-  EXPECT_THROW(plan({Step::center_crop(20, 5)}, 10, 9), InvalidArgument);
+  // Larger than the image: torchvision pads (top gets (20 - 9) // 2 = 5 rows),
+  // so the box reaches outside the image.
+  EXPECT_EQ(plan({Step::center_crop(20, 5)}, 10, 9).crops.at(0), (PixelBox{2, -5, 5, 20}));
 }
 
 TEST(ImageTransformTest, RandomResizedCropBoxesFollowTheScaleAndRatioRanges) {
@@ -131,6 +133,33 @@ TEST(ImageTransformTest, CropThenResizeMatchesAResizeOfTheCrop) {
   };
   EXPECT_LT(mean_error(20, 15), 3.0);
   EXPECT_GT(mean_error(22, 15), 3 * mean_error(20, 15));
+}
+
+TEST(ImageTransformTest, CropsAfterAFlipAreMirrored) {
+  const int w = 30, h = 20;
+  const auto rgb = testing::pattern(w, h);
+  const auto png = testing::encode_png(rgb.data(), rgb.size(), w, h, SPNG_COLOR_TYPE_TRUECOLOR, 8);
+  ImageOutput hwc;
+  hwc.layout = ImageLayout::kHWC;
+  const ImageTransform transform({Step::horizontal_flip(1.0), Step::center_crop(12, 13)}, hwc, 3);
+  const DecodeOptions options;
+  const ImageInfo info = read_image_info(as_bytes(png), options);
+  SampleRandom random(0, 0, 0);
+  TransformParams params = transform.plan(info.width, info.height, random);
+  EXPECT_EQ(params.flips, std::vector<bool>{true});
+  EXPECT_EQ(params.crops.at(0), (PixelBox{8, 4, 13, 12}));  // in the flipped image
+  std::vector<uint8_t> out(12 * 13 * 3);
+  transform.run(as_bytes(png), info, options, params, true,
+                {reinterpret_cast<std::byte*>(out.data()), out.size()});
+  // Output column x is flipped column 8 + x = original column w - 1 - 8 - x.
+  for (int y = 0; y < 12; ++y) {
+    for (int x = 0; x < 13; ++x) {
+      for (int c = 0; c < 3; ++c) {
+        ASSERT_EQ(out[size_t((y * 13 + x) * 3 + c)],
+                  rgb[size_t(((4 + y) * w + w - 9 - x) * 3 + c)]);
+      }
+    }
+  }
 }
 
 TEST(ImageTransformTest, RejectsBadSteps) {
