@@ -35,7 +35,9 @@ struct TransformStep {
   Kind kind = Kind::kResize;
   // Resize: (height, width), or the shorter side when `width` is 0 (the
   // longer one scales, truncated as torchvision does), capped by max_size.
-  // CenterCrop / RandomResizedCrop: the output (height, width).
+  // CenterCrop / RandomResizedCrop: the output (height, width). CenterCrop
+  // pads an image smaller than the crop with zeros (torchvision's rule), so
+  // its box may reach outside the image.
   int64_t height = 0;
   int64_t width = 0;
   int64_t max_size = 0;  // Resize with a shorter side only; 0 = none
