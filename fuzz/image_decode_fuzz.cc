@@ -26,11 +26,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const leanloader::ImageInfo info = leanloader::read_image_info(bytes, options);
     leanloader::DecodedImage out;
     if (flags & 32) {
-      // Small outputs (17x23) from any image: crops, shrinking and enlarging.
+      // Small outputs (17x23) from any image: flips around crops, padding of
+      // images under 40x40, shrinking and enlarging.
       leanloader::ImageOutput output;
       output.dtype = leanloader::DType::kF32;
       const leanloader::ImageTransform transform(
-          {leanloader::TransformStep::random_resized_crop(17, 23),
+          {leanloader::TransformStep::horizontal_flip(),
+           leanloader::TransformStep::center_crop(40, 40),
+           leanloader::TransformStep::random_resized_crop(17, 23),
            leanloader::TransformStep::horizontal_flip()},
           output, leanloader::color_mode_channels(options.mode));
       leanloader::SampleRandom random(region, 0, flags);
