@@ -13,7 +13,7 @@ export PATH := $(BIN):$(PATH)
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-APT_PACKAGES := g++ make python3-venv libgtest-dev clang clang-format pkg-config libhdf5-dev libdeflate-dev zlib1g-dev liblz4-dev libzstd-dev
+APT_PACKAGES := g++ make python3-venv libgtest-dev clang clang-format pkg-config libhdf5-dev libdeflate-dev zlib1g-dev liblz4-dev libzstd-dev libjpeg62-turbo-dev libspng-dev libwebp-dev libopencv-imgproc-dev
 CORE_SOURCES := $(shell find include src bindings python -type f \( -name '*.h' -o -name '*.cc' -o -name '*.py' -o -name '*.pyi' \) 2>/dev/null) CMakeLists.txt pyproject.toml
 
 .PHONY: all setup deps demo test test-cpp test-sanitize test-tsan test-python test-fuzz fuzz bench format lint clean
@@ -92,7 +92,7 @@ fuzz:
 test-python: setup
 	$(PY) -m pytest -q tests/python
 
-BENCH_SCENARIOS ?= arrays latents pydataset hdf5 largebatch
+BENCH_SCENARIOS ?= arrays latents pydataset hdf5 largebatch images
 bench: setup
 	@for scenario in $(BENCH_SCENARIOS); do $(BIN)/leanloader bench $$scenario; done
 

@@ -24,6 +24,7 @@ void bind_python_tasks(nanobind::module_& m);
 void bind_process(nanobind::module_& m);
 void bind_cache(nanobind::module_& m);
 void bind_hdf5(nanobind::module_& m);
+void bind_image(nanobind::module_& m);
 
 // Which array type Python receives. Both are zero-copy views through DLPack.
 enum class OutputFramework { kNumpy, kTorch, kDLPack };

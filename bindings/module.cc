@@ -18,4 +18,5 @@ NB_MODULE(_core, m) {
   bind_process(m);
   bind_cache(m);
   bind_hdf5(m);
+  bind_image(m);
 }

@@ -1,7 +1,8 @@
 """A short training loop: encode once into a TensorCache, then train from it.
 
-The "images" are random arrays and the "encoder" a fixed random projection,
-so the example runs anywhere in seconds; swap in your files and your VAE.
+The images are small random PNGs (decoded and resized by leanloader's native
+threads) and the "encoder" a fixed random projection, so the example runs
+anywhere in seconds; swap in your files and your VAE.
 
     python examples/train_from_cache.py [--samples 512] [--epochs 3] [--dir DIR]
 """
@@ -9,7 +10,9 @@ so the example runs anywhere in seconds; swap in your files and your VAE.
 from __future__ import annotations
 
 import argparse
+import struct
 import tempfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -18,12 +21,30 @@ import torch
 import leanloader as ll
 
 
+def write_png(path: Path, rgb: np.ndarray) -> None:
+    """An 8-bit RGB PNG with the standard library (no imaging package needed)."""
+    height, width, _ = rgb.shape
+    rows = b"".join(b"\0" + rgb[y].tobytes() for y in range(height))
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        crc = struct.pack(">I", zlib.crc32(kind + body))
+        return struct.pack(">I", len(body)) + kind + body + crc
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(rows))
+        + chunk(b"IEND", b"")
+    )
+
+
 def make_images(folder: Path, count: int) -> None:
-    """One .npy "image" per sample (3x32x32 float32) and its label in the name."""
+    """One PNG per sample, 40x48 RGB."""
     rng = np.random.default_rng(0)
     folder.mkdir(parents=True, exist_ok=True)
     for i in range(count):
-        np.save(folder / f"img{i:05d}.npy", rng.random((3, 32, 32), dtype=np.float32))
+        write_png(folder / f"img{i:05d}.png", rng.integers(0, 256, (40, 48, 3), dtype=np.uint8))
 
 
 def main() -> None:
@@ -35,7 +56,10 @@ def main() -> None:
     work = args.dir or Path(tempfile.mkdtemp(prefix="leanloader-example-"))
 
     make_images(work / "images", args.samples)
-    images = ll.NpySource(work / "images", name="image")
+    # Decoded and resized to 3x32x32 float32 (x / 255) in the loader's threads.
+    images = ll.Images(
+        str(work / "images" / "*.png"), transform=[ll.Resize((32, 32))], dtype="float32"
+    )
 
     # Encode once: the cache keeps one copy on disk, memory-mapped by every reader.
     projection = torch.randn(3 * 32 * 32, 64, generator=torch.Generator().manual_seed(0))

@@ -11,6 +11,16 @@ from leanloader.audit import audit
 from leanloader.autobatch import AutoBatch
 from leanloader.cache import TensorCache
 from leanloader.hdf5 import HDF5Source
+from leanloader.image import (
+    CenterCrop,
+    ImageFolder,
+    Images,
+    Normalize,
+    RandomHorizontalFlip,
+    RandomResizedCrop,
+    Resize,
+    decode_image,
+)
 from leanloader.loader import Loader
 from leanloader.memory import memory_report
 from leanloader.packed import PackedTensor
@@ -22,19 +32,27 @@ from leanloader.sources import ArraySource, FileSource, NpySource, Source
 __all__ = [
     "ArraySource",
     "AutoBatch",
+    "CenterCrop",
     "DataLoader",
     "Error",
     "FileSource",
     "FormatError",
     "HDF5Source",
+    "ImageFolder",
+    "Images",
     "Loader",
+    "Normalize",
     "NpySource",
     "PackedTensor",
+    "RandomHorizontalFlip",
+    "RandomResizedCrop",
+    "Resize",
     "SharedRecords",
     "Source",
     "TensorCache",
     "audit",
     "batch_defaults",
+    "decode_image",
     "estimate_memory",
     "load_safetensors",
     "memory_report",

@@ -2,7 +2,8 @@
 thread and process from shared memory-mapped safetensors shards.
 
     cache = ll.TensorCache("cache/latents")
-    cache.build(ll.FileSource("data/*.png"), encode=vae_encode, batch_size=16)
+    cache.build(ll.Images("data/*.png", transform=[ll.Resize(1024)]), encode=vae_encode,
+                batch_size=16)
     loader = ll.Loader(cache, batch_size=4, shuffle=True)   # a Source like any other
     cache["data/0001.png"]                                   # {name: zero-copy tensor}
 
@@ -217,6 +218,11 @@ class TensorCache(_core.TensorCache):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         config_hash = config_fingerprint(config)
+        if isinstance(source_or_iterable, _core.ImageSource):
+            # Decoded pixels depend on the transform: changing it makes entries stale.
+            config_hash = config_fingerprint(
+                {"config": config, "image_transform": source_or_iterable.transform_description}
+            )
         dist = _distributed()
         rank = dist.get_rank() if dist else None
         world = dist.get_world_size() if dist else 1

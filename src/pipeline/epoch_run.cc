@@ -37,6 +37,8 @@ class EpochRun::RowWriter final : public SampleWriter {
   RowWriter(EpochRun& run, BatchState& state, const std::shared_ptr<Storage>& slot, int64_t row)
       : run_(run), state_(state), slot_(slot), row_(row) {}
 
+  SampleContext context() const override { return {run_.plan_.options.seed, run_.plan_.epoch}; }
+
   std::span<std::byte> field_buffer(size_t field, const Shape& shape) override {
     const auto& fields = run_.plan_.source->fields();
     if (field >= fields.size()) {

@@ -10,7 +10,12 @@
 //   that field's bytes (given the sample's actual shape) and writes the
 //   sample there: straight into the batch slot's row, no intermediate copy.
 // - Errors are thrown as leanloader::Error with the cause; the caller adds the
-//   sample index, source and stage (see SampleError).
+//   sample index, source and stage "read" (see SampleError). A source that
+//   knows the stage better (an image source: "decode") throws the SampleError
+//   itself, which the caller passes on unchanged.
+// - Random per-sample work (augmentations) must depend only on
+//   writer.context() and the index, never on the thread or the call order,
+//   so that a run gives the same samples at any thread count.
 // - size() never changes under a reader that holds snapshot() (see there).
 #pragma once
 
@@ -34,10 +39,19 @@ struct FieldSpec {
   std::optional<Shape> shape;
 };
 
+// The run a sample is read for: the loader's seed and the epoch. Sources
+// with random transforms key their draws by (seed, epoch, sample index).
+struct SampleContext {
+  uint64_t seed = 0;
+  uint64_t epoch = 0;
+};
+
 // Receives one sample's fields from a Source.
 class SampleWriter {
  public:
   virtual ~SampleWriter() = default;
+  // The run this sample is read for; (0, 0) outside a Loader's epoch.
+  virtual SampleContext context() const { return {}; }
   // Returns where field `field` (an index into Source::fields()) of this
   // sample goes: exactly checked_nbytes(shape, dtype) bytes, aligned to
   // kBufferAlignment or to the row size. Throws InvalidArgument when the shape

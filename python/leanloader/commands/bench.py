@@ -95,6 +95,10 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         from leanloader.bench.plot import plot_timelines
 
-        plot_timelines(report, args.plot)
+        try:
+            plot_timelines(report, args.plot)
+        except ImportError:
+            print("leanloader bench: --plot needs matplotlib", file=sys.stderr)
+            return 1
         print(f"plot written to {args.plot}", file=sys.stderr)
     return 0

@@ -29,6 +29,7 @@ from typing import Any
 SCENARIO_MODULES: dict[str, str] = {
     "arrays": "leanloader.bench.scenarios.arrays",
     "hdf5": "leanloader.bench.scenarios.hdf5",
+    "images": "leanloader.bench.scenarios.images",
     "largebatch": "leanloader.bench.scenarios.largebatch",
     "latents": "leanloader.bench.scenarios.latents",
     "pydataset": "leanloader.bench.scenarios.pydataset",

@@ -1,0 +1,19 @@
+// ImageFormat: which codec an image's bytes need, told by magic bytes (never
+// by the file's extension).
+#pragma once
+
+#include <cstddef>
+#include <span>
+#include <string_view>
+
+namespace leanloader {
+
+enum class ImageFormat { kUnknown, kJpeg, kPng, kWebp };
+
+// The format whose signature starts `bytes`: JPEG FF D8 FF, PNG's 8-byte
+// signature, RIFF....WEBP. kUnknown for anything else (including too few bytes).
+ImageFormat detect_image_format(std::span<const std::byte> bytes) noexcept;
+
+std::string_view image_format_name(ImageFormat format) noexcept;
+
+}  // namespace leanloader

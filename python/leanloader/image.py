@@ -1,0 +1,319 @@
+"""Images decoded and augmented by the engine's native threads.
+
+``Images`` (any list of files) and ``ImageFolder`` (torchvision's class
+folders) are leanloader Sources: JPEG, PNG and WebP are decoded in C++
+(libjpeg-turbo, libspng, libwebp; format by magic bytes), and the transforms,
+named and parameterized as torchvision's, run fused into the write of each
+sample's row of the batch::
+
+    ds = ll.ImageFolder("train/", transform=[ll.RandomResizedCrop(224),
+                        ll.RandomHorizontalFlip(), ll.Normalize(MEAN, STD)])
+    loader = ll.Loader(ds, batch_size=256, shuffle=True, num_threads=8)
+    for batch in loader:
+        batch["image"], batch["label"]      # (B, 3, 224, 224) float32, (B,) int64
+
+Random transforms draw from a counter-based generator keyed by the loader's
+``seed``, the epoch and the sample index: a sample gets the same crop and flip
+at any thread count, and different ones each epoch.
+"""
+
+from __future__ import annotations
+
+import glob as _glob
+import os
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from leanloader import _core
+
+# Pillow's Image.MAX_IMAGE_PIXELS: larger images are refused from the header
+# (a decompression bomb guard), before anything is allocated.
+MAX_IMAGE_PIXELS = 89_478_485
+
+# torchvision.datasets.folder.IMG_EXTENSIONS. Files with the extensions
+# leanloader cannot decode (.ppm, .bmp, .pgm, .tif, .tiff) are listed, as
+# torchvision lists them, and fail with a decode error naming the file.
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+_DTYPES = {"uint8": "U8", "float32": "F32", "float16": "F16", "bfloat16": "BF16"}
+
+
+def _size_pair(size: Any, name: str) -> tuple[int, int]:
+    if isinstance(size, int):
+        return size, size
+    if isinstance(size, Sequence) and len(size) == 1:
+        return int(size[0]), int(size[0])
+    if isinstance(size, Sequence) and len(size) == 2:
+        return int(size[0]), int(size[1])
+    raise ValueError(f"{name}: size must be an int or a sequence of 1 or 2 ints, got {size!r}")
+
+
+def _dtype_name(dtype: Any) -> str:
+    name = str(dtype).removeprefix("torch.")
+    if name not in _DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+    return name
+
+
+class Transform:
+    """A native image transform; instances only describe the step."""
+
+    def _step(self) -> tuple:  # (kind, h, w, max_size, scale.., ratio.., p)
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
+        return f"{type(self).__name__}({fields})"
+
+
+class Resize(Transform):
+    """torchvision's ``Resize``: ``size`` an int (the shorter side; the longer
+    scales, truncated) or ``(h, w)``; ``max_size`` caps the longer side.
+    Antialiased (OpenCV INTER_AREA when shrinking, bilinear when enlarging)."""
+
+    def __init__(self, size: int | Sequence[int], max_size: int | None = None, antialias=True):
+        if isinstance(size, int) or (isinstance(size, Sequence) and len(size) == 1):
+            self.size = int(size if isinstance(size, int) else size[0])
+            self._hw = (self.size, 0)
+        else:
+            self.size = _size_pair(size, "Resize")
+            self._hw = self.size
+            if max_size is not None:
+                raise ValueError("Resize: max_size applies only when size is a single int")
+        if antialias is not True:
+            raise ValueError("Resize: only antialias=True is supported")
+        self.max_size = max_size
+
+    def _step(self) -> tuple:
+        return ("resize", self._hw[0], self._hw[1], self.max_size or 0, 0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+class CenterCrop(Transform):
+    """torchvision's ``CenterCrop``: an image smaller than the crop is padded
+    with zeros first, as torchvision does."""
+
+    def __init__(self, size: int | Sequence[int]):
+        self.size = _size_pair(size, "CenterCrop")
+
+    def _step(self) -> tuple:
+        return ("center_crop", *self.size, 0, 0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+class RandomResizedCrop(Transform):
+    """torchvision's ``RandomResizedCrop``, its algorithm exactly (10 attempts
+    with area in ``scale`` and log-uniform aspect ratio in ``ratio``, then the
+    central fallback), resized antialiased to ``size``."""
+
+    def __init__(
+        self,
+        size: int | Sequence[int],
+        scale: tuple[float, float] = (0.08, 1.0),
+        ratio: tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0),
+        antialias=True,
+    ):
+        self.size = _size_pair(size, "RandomResizedCrop")
+        self.scale = (float(scale[0]), float(scale[1]))
+        self.ratio = (float(ratio[0]), float(ratio[1]))
+        if antialias is not True:
+            raise ValueError("RandomResizedCrop: only antialias=True is supported")
+
+    def _step(self) -> tuple:
+        return ("random_resized_crop", *self.size, 0, *self.scale, *self.ratio, 0.0)
+
+
+class RandomHorizontalFlip(Transform):
+    """torchvision's ``RandomHorizontalFlip(p)``."""
+
+    def __init__(self, p: float = 0.5):
+        self.p = float(p)
+
+    def _step(self) -> tuple:
+        return ("horizontal_flip", 0, 0, 0, 0.0, 0.0, 0.0, 0.0, self.p)
+
+
+class Normalize(Transform):
+    """torchvision's ``ToTensor`` + ``Normalize``: ``(x / 255 - mean) / std`` in
+    float32, stored as ``dtype`` (float32, float16 or bfloat16). Must be last."""
+
+    def __init__(self, mean: Sequence[float], std: Sequence[float], inplace=False, dtype="float32"):
+        self.mean = [float(v) for v in mean]
+        self.std = [float(v) for v in std]
+        self.dtype = _dtype_name(dtype)
+        if self.dtype == "uint8":
+            raise ValueError("Normalize gives floats: dtype must be float32, float16 or bfloat16")
+
+
+def _expand(paths_or_glob: Any) -> list[str]:
+    if isinstance(paths_or_glob, (str, os.PathLike)):
+        pattern = os.fspath(paths_or_glob)
+        if os.path.isfile(pattern):
+            return [pattern]
+        matches = sorted(p for p in _glob.glob(pattern, recursive=True) if os.path.isfile(p))
+        if not matches:
+            raise FileNotFoundError(f"no files match {pattern!r}")
+        return matches
+    if isinstance(paths_or_glob, Iterable):
+        return [os.fspath(p) for p in paths_or_glob]
+    raise TypeError(f"expected a path, a glob or a list of paths, got {paths_or_glob!r}")
+
+
+class _ImageSource(_core.ImageSource):
+    def __init__(
+        self,
+        paths: list[str],
+        labels: Sequence[int] | None,
+        transform: Sequence[Transform] | None,
+        *,
+        mode: str = "RGB",
+        layout: str = "CHW",
+        dtype: Any = None,
+        max_pixels: int | None = MAX_IMAGE_PIXELS,
+        accept_corrupt_jpeg: bool = False,
+        exif_orientation: bool = False,
+        dct_scaling: bool = True,
+    ):
+        transform = list(transform or [])
+        normalize = None
+        steps = []
+        for position, t in enumerate(transform):
+            if not isinstance(t, Transform):
+                raise TypeError(
+                    f"transform[{position}] is {type(t).__name__}; use leanloader's transforms "
+                    "(ll.Resize, ll.CenterCrop, ll.RandomResizedCrop, ll.RandomHorizontalFlip, "
+                    "ll.Normalize)"
+                )
+            if isinstance(t, Normalize):
+                if position != len(transform) - 1:
+                    raise ValueError("Normalize must be the last transform")
+                normalize = t
+            else:
+                steps.append(t._step())
+        if dtype is None:
+            dtype = normalize.dtype if normalize else "uint8"
+        dtype = _dtype_name(dtype)
+        if normalize and dtype != normalize.dtype:
+            raise ValueError(f"dtype={dtype!r} differs from Normalize's {normalize.dtype!r}")
+        labels = [] if labels is None else [int(v) for v in labels]
+        self.transform = transform
+        super().__init__(
+            paths, labels, steps, _DTYPES[dtype], layout,
+            normalize.mean if normalize else [], normalize.std if normalize else [],
+            mode, max_pixels or 0, accept_corrupt_jpeg, exif_orientation, dct_scaling,
+        )  # fmt: skip
+
+    def transform_params(self, index: int, epoch: int = 0, seed: int = 0) -> dict:
+        """The parameters sample ``index`` gets in ``epoch`` of a loader with
+        ``seed``: ``crops`` as torchvision's ``(i, j, h, w)``, ``resizes`` as
+        ``(h, w)``, ``flipped``, ``output_size``."""
+        return self.sample_params(index, seed, epoch)
+
+
+class Images(_ImageSource):
+    """Image files as samples: field ``image`` and, with ``labels``, ``label``
+    (int64).
+
+    ``paths_or_glob``: a glob (``"data/*.png"``, ``**`` recurses; sorted) or a
+    list of paths in sample order. ``transform``: a list of leanloader
+    transforms. Output: uint8 (pixels as decoded), or the ``Normalize``'s float
+    dtype (or ``dtype=`` for x / 255 without normalizing); layout ``"CHW"``
+    (torch's) or ``"HWC"``; ``mode`` ``"RGB"``, ``"L"`` or ``"RGBA"`` (Pillow's
+    ``convert``). Without a fixed-size transform (``RandomResizedCrop``,
+    ``CenterCrop``, ``Resize((h, w))``) sizes vary: use ``collate="list"``.
+
+    Bad files raise errors naming the file, the sample and the stage
+    (``decode``); ``max_pixels`` (default Pillow's ``MAX_IMAGE_PIXELS``;
+    ``None``: no limit) refuses decompression bombs from the header;
+    ``accept_corrupt_jpeg=True`` decodes JPEGs with recoverable corruption, as
+    Pillow does; ``exif_orientation=True`` applies the EXIF orientation.
+    ``dct_scaling=False`` decodes JPEGs at full size even when a resize
+    follows (slower, pixels as a full decode).
+    """
+
+    def __init__(
+        self,
+        paths_or_glob: str | os.PathLike | Iterable[str | os.PathLike],
+        labels: Sequence[int] | None = None,
+        transform: Sequence[Transform] | None = None,
+        **options: Any,
+    ):
+        super().__init__(_expand(paths_or_glob), labels, transform, **options)
+
+
+def find_classes(directory: str | os.PathLike) -> tuple[list[str], dict[str, int]]:
+    """torchvision's ``find_classes``: the sorted sub-folders of ``directory``."""
+    classes = sorted(entry.name for entry in os.scandir(directory) if entry.is_dir())
+    if not classes:
+        raise FileNotFoundError(f"Couldn't find any class folder in {os.fspath(directory)}.")
+    return classes, {name: index for index, name in enumerate(classes)}
+
+
+class ImageFolder(_ImageSource):
+    """torchvision's ``ImageFolder``: ``root/<class>/**/<image>``, classes are
+    the sorted sub-folders, labels their indices; files are kept when their
+    extension (any case) is in ``extensions`` (torchvision's IMG_EXTENSIONS) or
+    ``is_valid_file(path)`` says so. Attributes as torchvision's:
+    ``classes``, ``class_to_idx``, ``samples`` (= ``imgs``), ``targets``.
+    Other options as ``Images``."""
+
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        transform: Sequence[Transform] | None = None,
+        is_valid_file: Any = None,
+        allow_empty: bool = False,
+        extensions: tuple[str, ...] | None = None,
+        **options: Any,
+    ):
+        self.root = os.fspath(root)
+        classes, class_to_idx = find_classes(self.root)
+        if is_valid_file is not None and extensions is not None:
+            raise ValueError("Both extensions and is_valid_file cannot be None or not None")
+        if is_valid_file is None:
+            allowed = tuple(e.lower() for e in (extensions or IMG_EXTENSIONS))
+
+            def is_valid_file(path: str) -> bool:
+                return path.lower().endswith(allowed)
+
+        samples: list[tuple[str, int]] = []
+        empty = []
+        for name in sorted(class_to_idx):
+            target_dir = os.path.join(self.root, name)
+            found = 0
+            for folder, _, files in sorted(os.walk(target_dir, followlinks=True)):
+                for file in sorted(files):
+                    path = os.path.join(folder, file)
+                    if is_valid_file(path):
+                        samples.append((path, class_to_idx[name]))
+                        found += 1
+            if not found:
+                empty.append(name)
+        if empty and not allow_empty:
+            raise FileNotFoundError(
+                f"Found no valid file for the classes {', '.join(sorted(empty))}. "
+                f"Supported extensions are: {', '.join(extensions or IMG_EXTENSIONS)}"
+            )
+        if not samples:
+            raise FileNotFoundError(f"no image files under {self.root}")
+        self.classes = classes
+        self.class_to_idx = class_to_idx
+        self.samples = samples
+        self.imgs = samples
+        self.targets = [target for _, target in samples]
+        super().__init__([p for p, _ in samples], self.targets, transform, **options)
+
+
+def decode_image(
+    data: bytes | str | os.PathLike,
+    mode: str = "RGB",
+    max_pixels: int | None = MAX_IMAGE_PIXELS,
+    accept_corrupt_jpeg: bool = False,
+    exif_orientation: bool = False,
+):
+    """Decodes a JPEG, PNG or WebP (bytes or a path) to an (H, W, C) uint8 NumPy
+    array, as ``Images`` does."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        with open(os.fspath(data), "rb") as file:
+            data = file.read()
+    return _core.decode_image(
+        bytes(data), mode, max_pixels or 0, accept_corrupt_jpeg, exif_orientation
+    )

@@ -1,0 +1,33 @@
+#include "leanloader/image/image_format.h"
+
+#include <cstring>
+
+namespace leanloader {
+
+ImageFormat detect_image_format(std::span<const std::byte> bytes) noexcept {
+  const auto* b = reinterpret_cast<const unsigned char*>(bytes.data());
+  const size_t n = bytes.size();
+  if (n >= 3 && b[0] == 0xFF && b[1] == 0xD8 && b[2] == 0xFF) return ImageFormat::kJpeg;
+  static constexpr unsigned char kPng[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+  if (n >= 8 && std::memcmp(b, kPng, 8) == 0) return ImageFormat::kPng;
+  if (n >= 12 && std::memcmp(b, "RIFF", 4) == 0 && std::memcmp(b + 8, "WEBP", 4) == 0) {
+    return ImageFormat::kWebp;
+  }
+  return ImageFormat::kUnknown;
+}
+
+std::string_view image_format_name(ImageFormat format) noexcept {
+  switch (format) {
+    case ImageFormat::kJpeg:
+      return "JPEG";
+    case ImageFormat::kPng:
+      return "PNG";
+    case ImageFormat::kWebp:
+      return "WebP";
+    case ImageFormat::kUnknown:
+      break;
+  }
+  return "unknown";
+}
+
+}  // namespace leanloader

@@ -1,0 +1,244 @@
+// JPEG through libjpeg-turbo's libjpeg API (Debian 12 ships libjpeg-turbo
+// 2.1.5, whose TurboJPEG API has no cropping: tj3SetCroppingRegion arrived in
+// 3.0). The libjpeg API gives what partial decoding needs: DCT scaling
+// (scale_num/8), jpeg_crop_scanline (columns, widened to iMCU boundaries)
+// and jpeg_skip_scanlines (rows above the region are skipped without
+// color conversion or upsampling; rows below are never read).
+//
+// libjpeg reports errors through a callback that must not return; it
+// longjmps back to jpeg_decode, which then throws. No C++ object is created
+// between setjmp and the calls that may longjmp, so no destructor is skipped.
+#include <csetjmp>
+#include <cstdio>
+// jpeglib.h needs size_t and FILE declared first.
+#include <jerror.h>
+#include <jpeglib.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "image/codecs.h"
+#include "leanloader/core/checked_size.h"
+#include "leanloader/core/error.h"
+
+namespace leanloader::detail {
+
+namespace {
+
+struct JpegErrors {
+  jpeg_error_mgr manager;
+  std::jmp_buf jump;
+  bool strict = true;
+  char message[JMSG_LENGTH_MAX] = {};
+};
+
+[[noreturn]] void on_error(j_common_ptr cinfo) {
+  auto* errors = reinterpret_cast<JpegErrors*>(cinfo->err);
+  (*cinfo->err->format_message)(cinfo, errors->message);
+  std::longjmp(errors->jump, 1);
+}
+
+// level < 0: a warning (corrupt data libjpeg can work around); >= 0: traces.
+// A file that ends early is an error in both modes, as in Pillow ("image
+// file is truncated").
+void on_message(j_common_ptr cinfo, int level) {
+  auto* errors = reinterpret_cast<JpegErrors*>(cinfo->err);
+  if (level >= 0) return;
+  if (errors->strict || cinfo->err->msg_code == JWRN_JPEG_EOF) {
+    (*cinfo->err->format_message)(cinfo, errors->message);
+    std::longjmp(errors->jump, 1);
+  }
+  ++cinfo->err->num_warnings;
+}
+
+// Pixels decoded beyond each side of a region (see jpeg_crop_scanline).
+constexpr int64_t kCropMargin = 4;
+
+inline uint8_t clip8(int value) { return static_cast<uint8_t>(std::clamp(value, 0, 255)); }
+
+// Pillow's MULDIV255 and cmyk2rgb (libImaging/Convert.c).
+inline int muldiv255(int a, int b) {
+  const int t = a * b + 128;
+  return ((t >> 8) + t) >> 8;
+}
+
+// Converts `count` pixels of `in` (`in_channels` per pixel: 1 gray, 3 RGB, 4
+// CMYK) to `out_channels` per pixel as Pillow's convert() does.
+void convert_pixels(const uint8_t* in, int in_channels, bool inverted_cmyk, uint8_t* out,
+                    int out_channels, size_t count) {
+  for (size_t i = 0; i < count; ++i, in += in_channels, out += out_channels) {
+    uint8_t rgb[3];
+    if (in_channels == 4) {
+      int c = in[0], m = in[1], y = in[2], k = in[3];
+      if (inverted_cmyk) c = 255 - c, m = 255 - m, y = 255 - y, k = 255 - k;
+      const int nk = 255 - k;
+      rgb[0] = clip8(nk - muldiv255(c, nk));
+      rgb[1] = clip8(nk - muldiv255(m, nk));
+      rgb[2] = clip8(nk - muldiv255(y, nk));
+    } else if (in_channels == 3) {
+      rgb[0] = in[0], rgb[1] = in[1], rgb[2] = in[2];
+    } else {
+      rgb[0] = rgb[1] = rgb[2] = in[0];
+    }
+    if (out_channels == 1) {
+      out[0] = in_channels == 1
+                   ? in[0]
+                   : static_cast<uint8_t>(
+                         (rgb[0] * 19595 + rgb[1] * 38470 + rgb[2] * 7471 + 0x8000) >> 16);
+    } else {
+      out[0] = rgb[0], out[1] = rgb[1], out[2] = rgb[2];
+      if (out_channels == 4) out[3] = 255;
+    }
+  }
+}
+
+[[noreturn]] void throw_jpeg(const char* message) {
+  throw FormatError(std::string("JPEG: ") + message);
+}
+
+}  // namespace
+
+StoredSize jpeg_size(std::span<const std::byte> bytes) {
+  jpeg_decompress_struct cinfo;
+  JpegErrors errors;
+  cinfo.err = jpeg_std_error(&errors.manager);
+  errors.manager.error_exit = on_error;
+  errors.manager.emit_message = on_message;
+  errors.strict = false;  // the header only: data warnings come with the pixels
+  if (setjmp(errors.jump)) {
+    jpeg_destroy_decompress(&cinfo);
+    throw_jpeg(errors.message);
+  }
+  jpeg_create_decompress(&cinfo);
+  jpeg_mem_src(&cinfo, reinterpret_cast<const unsigned char*>(bytes.data()),
+               static_cast<unsigned long>(bytes.size()));
+  jpeg_read_header(&cinfo, TRUE);
+  const StoredSize size{cinfo.image_width, cinfo.image_height};
+  jpeg_destroy_decompress(&cinfo);
+  return size;
+}
+
+void jpeg_decode(std::span<const std::byte> bytes, const DecodeOptions& options,
+                 const PixelBox& box, int64_t min_width, int64_t min_height, DecodedImage& out,
+                 std::span<uint8_t> dst) {
+  const int channels = color_mode_channels(options.mode);
+  std::vector<uint8_t> row;  // one scanline when it needs converting or cutting
+  jpeg_decompress_struct cinfo;
+  JpegErrors errors;
+  cinfo.err = jpeg_std_error(&errors.manager);
+  errors.manager.error_exit = on_error;
+  errors.manager.emit_message = on_message;
+  errors.strict = !options.accept_corrupt_jpeg;
+  if (setjmp(errors.jump)) {
+    jpeg_destroy_decompress(&cinfo);
+    throw_jpeg(errors.message);
+  }
+  jpeg_create_decompress(&cinfo);
+  jpeg_mem_src(&cinfo, reinterpret_cast<const unsigned char*>(bytes.data()),
+               static_cast<unsigned long>(bytes.size()));
+  jpeg_read_header(&cinfo, TRUE);
+
+  const bool cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
+  const bool gray_source = cinfo.jpeg_color_space == JCS_GRAYSCALE;
+  // Pillow reads Adobe CMYK as inverted ("CMYK;I").
+  const bool inverted_cmyk = cmyk && cinfo.saw_Adobe_marker;
+  if (cmyk) {
+    cinfo.out_color_space = JCS_CMYK;
+  } else if (channels == 1) {
+    cinfo.out_color_space = gray_source ? JCS_GRAYSCALE : JCS_RGB;
+  } else {
+    cinfo.out_color_space = channels == 4 ? JCS_EXT_RGBA : JCS_RGB;
+  }
+
+  int scale = 8;  // numerator over 8
+  if (dst.empty() && (min_width > 0 || min_height > 0)) {
+    for (int n = 1; n <= 8; ++n) {
+      if (box.width * n >= min_width * 8 && box.height * n >= min_height * 8) {
+        scale = n;
+        break;
+      }
+    }
+  }
+  cinfo.scale_num = static_cast<unsigned>(scale);
+  cinfo.scale_denom = 8;
+  jpeg_start_decompress(&cinfo);
+
+  const auto scaled_width = static_cast<int64_t>(cinfo.output_width);
+  const auto scaled_height = static_cast<int64_t>(cinfo.output_height);
+  const int components = cinfo.output_components;
+  // The box at this scale, widened to whole pixels.
+  const int64_t x0 = std::min(box.x * scale / 8, scaled_width - 1);
+  const int64_t y0 = std::min(box.y * scale / 8, scaled_height - 1);
+  const int64_t x1 =
+      std::clamp<int64_t>(((box.x + box.width) * scale + 7) / 8, x0 + 1, scaled_width);
+  const int64_t y1 =
+      std::clamp<int64_t>(((box.y + box.height) * scale + 7) / 8, y0 + 1, scaled_height);
+  const int64_t width = x1 - x0, height = y1 - y0;
+
+  // Columns at the edge of a cropped scanline are upsampled as if they were
+  // the image's edge; a margin keeps the region's own columns exact.
+  const int64_t margin_x0 = std::max<int64_t>(0, x0 - kCropMargin);
+  const int64_t margin_x1 = std::min(scaled_width, x1 + kCropMargin);
+  JDIMENSION crop_x = static_cast<JDIMENSION>(margin_x0);
+  JDIMENSION crop_width = static_cast<JDIMENSION>(margin_x1 - margin_x0);
+  if (margin_x1 - margin_x0 < scaled_width) jpeg_crop_scanline(&cinfo, &crop_x, &crop_width);
+  if (y0 > 0) jpeg_skip_scanlines(&cinfo, static_cast<JDIMENSION>(y0));
+
+  const size_t out_row = static_cast<size_t>(width) * static_cast<size_t>(channels);
+  uint8_t* target = nullptr;
+  if (!dst.empty()) {
+    if (dst.size() != out_row * static_cast<size_t>(height)) {
+      jpeg_destroy_decompress(&cinfo);
+      throw InvalidArgument("JPEG: destination has the wrong size");
+    }
+    target = dst.data();
+  } else {
+    try {
+      out.pixels.resize(out_row * static_cast<size_t>(height));
+    } catch (...) {
+      jpeg_destroy_decompress(&cinfo);
+      throw;
+    }
+    target = out.pixels.data();
+  }
+  const bool direct = components == channels && !cmyk && static_cast<int64_t>(crop_x) == x0 &&
+                      static_cast<int64_t>(crop_width) == width;
+  if (!direct) {
+    try {
+      row.resize(static_cast<size_t>(crop_width) * static_cast<size_t>(components));
+    } catch (...) {
+      jpeg_destroy_decompress(&cinfo);
+      throw;
+    }
+  }
+  const size_t skip = static_cast<size_t>(x0 - crop_x) * static_cast<size_t>(components);
+  for (int64_t y = 0; y < height; ++y) {
+    uint8_t* line = target + static_cast<size_t>(y) * out_row;
+    JSAMPROW rows[1] = {direct ? line : row.data()};
+    if (jpeg_read_scanlines(&cinfo, rows, 1) != 1) {
+      std::strcpy(errors.message, "no scanline read (truncated data)");
+      jpeg_destroy_decompress(&cinfo);
+      throw_jpeg(errors.message);
+    }
+    if (!direct) {
+      convert_pixels(row.data() + skip, components, inverted_cmyk, line, channels,
+                     static_cast<size_t>(width));
+    }
+  }
+  // Reading to the end marker reports corrupt data after the last row (as
+  // Pillow's full decode sees it); a region that ends earlier stops here.
+  if (y1 == scaled_height) jpeg_finish_decompress(&cinfo);
+  jpeg_destroy_decompress(&cinfo);
+  out.width = width;
+  out.height = height;
+  out.channels = channels;
+  out.scale = scale / 8.0;
+  // The exact box at this scale, relative to the whole pixels decoded.
+  out.region_x = static_cast<double>(box.x) * out.scale - static_cast<double>(x0);
+  out.region_y = static_cast<double>(box.y) * out.scale - static_cast<double>(y0);
+  out.region_width = static_cast<double>(box.width) * out.scale;
+  out.region_height = static_cast<double>(box.height) * out.scale;
+}
+
+}  // namespace leanloader::detail

@@ -1,0 +1,35 @@
+// Per-thread scratch buffers of the image pipeline. Internal.
+//
+// Each worker thread keeps its buffers (file bytes, decoded pixels, resize
+// outputs) between samples, so steady state allocates nothing; a buffer that
+// grew past kScratchKeepBytes for one large image is released when the sample
+// is done, so a rare huge image does not stay resident in every thread.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+namespace leanloader::detail {
+
+inline constexpr size_t kScratchKeepBytes = size_t{64} << 20;
+
+// Releases `buffers` that hold more than kScratchKeepBytes when it dies.
+template <class T, size_t N>
+class ScratchTrim {
+ public:
+  explicit ScratchTrim(std::vector<T>* (&&buffers)[N]) {
+    for (size_t i = 0; i < N; ++i) buffers_[i] = buffers[i];
+  }
+  ~ScratchTrim() {
+    for (std::vector<T>* buffer : buffers_) {
+      if (buffer->capacity() * sizeof(T) > kScratchKeepBytes) std::vector<T>().swap(*buffer);
+    }
+  }
+  ScratchTrim(const ScratchTrim&) = delete;
+  ScratchTrim& operator=(const ScratchTrim&) = delete;
+
+ private:
+  std::vector<T>* buffers_[N];
+};
+
+}  // namespace leanloader::detail

@@ -1,0 +1,279 @@
+#include "leanloader/image/image_decoder.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "image/image_test_util.h"
+#include "leanloader/core/error.h"
+
+namespace leanloader {
+namespace {
+
+using testing::as_bytes;
+using testing::encode_jpeg;
+using testing::encode_png;
+using testing::encode_webp_lossless;
+using testing::pattern;
+
+DecodedImage decode(const std::vector<uint8_t>& file, DecodeOptions options = {},
+                    DecodeRequest request = {}) {
+  const ImageInfo info = read_image_info(as_bytes(file), options);
+  DecodedImage out;
+  decode_image(as_bytes(file), info, options, request, out);
+  return out;
+}
+
+double max_difference(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  int worst = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    worst = std::max(worst, std::abs(int(a[i]) - int(b[i])));
+  }
+  return worst;
+}
+
+TEST(ImageDecoderTest, TellsFormatsByMagicBytes) {
+  const auto rgb = pattern(8, 8);
+  EXPECT_EQ(detect_image_format(as_bytes(encode_jpeg(rgb, 8, 8, 3))), ImageFormat::kJpeg);
+  EXPECT_EQ(detect_image_format(as_bytes(encode_png(rgb.data(), rgb.size(), 8, 8, 2, 8))),
+            ImageFormat::kPng);
+  EXPECT_EQ(detect_image_format(as_bytes(encode_webp_lossless(rgb, 8, 8))), ImageFormat::kWebp);
+  const std::vector<uint8_t> text = {'h', 'e', 'l', 'l', 'o'};
+  EXPECT_EQ(detect_image_format(as_bytes(text)), ImageFormat::kUnknown);
+  EXPECT_EQ(detect_image_format({}), ImageFormat::kUnknown);
+}
+
+TEST(ImageDecoderTest, PngColorTypesDecodeExactly) {
+  const int w = 13, h = 7;
+  const auto rgb = pattern(w, h, 3);
+  auto decoded = decode(encode_png(rgb.data(), rgb.size(), w, h, SPNG_COLOR_TYPE_TRUECOLOR, 8));
+  EXPECT_EQ(decoded.width, w);
+  EXPECT_EQ(decoded.height, h);
+  EXPECT_EQ(decoded.channels, 3);
+  EXPECT_EQ(decoded.pixels, rgb);
+
+  // RGBA: alpha dropped for RGB, kept for RGBA.
+  const auto rgba = pattern(w, h, 4);
+  const auto rgba_png =
+      encode_png(rgba.data(), rgba.size(), w, h, SPNG_COLOR_TYPE_TRUECOLOR_ALPHA, 8);
+  decoded = decode(rgba_png);
+  for (size_t i = 0; i < size_t(w * h); ++i) {
+    for (int c = 0; c < 3; ++c) ASSERT_EQ(decoded.pixels[i * 3 + c], rgba[i * 4 + c]);
+  }
+  DecodeOptions keep_alpha;
+  keep_alpha.mode = ColorMode::kRGBA;
+  EXPECT_EQ(decode(rgba_png, keep_alpha).pixels, rgba);
+
+  // Gray: replicated for RGB, kept for gray.
+  const auto gray = pattern(w, h, 1);
+  const auto gray_png = encode_png(gray.data(), gray.size(), w, h, SPNG_COLOR_TYPE_GRAYSCALE, 8);
+  decoded = decode(gray_png);
+  for (size_t i = 0; i < size_t(w * h); ++i) ASSERT_EQ(decoded.pixels[i * 3 + 2], gray[i]);
+  DecodeOptions keep_gray;
+  keep_gray.mode = ColorMode::kGray;
+  EXPECT_EQ(decode(gray_png, keep_gray).pixels, gray);
+
+  // 16-bit RGB keeps the high byte.
+  std::vector<uint16_t> wide(rgb.size());  // spng takes host-endian samples
+  for (size_t i = 0; i < rgb.size(); ++i) wide[i] = uint16_t(rgb[i] << 8 | 0xAB);
+  EXPECT_EQ(
+      decode(encode_png(wide.data(), wide.size() * 2, w, h, SPNG_COLOR_TYPE_TRUECOLOR, 16)).pixels,
+      rgb);
+
+  // Palette.
+  std::vector<uint8_t> palette;
+  for (int i = 0; i < 4; ++i) palette.insert(palette.end(), {uint8_t(i * 60), uint8_t(255 - i), 7});
+  std::vector<uint8_t> indices(size_t(w * h));
+  for (size_t i = 0; i < indices.size(); ++i) indices[i] = uint8_t(i % 4);
+  decoded =
+      decode(encode_png(indices.data(), indices.size(), w, h, SPNG_COLOR_TYPE_INDEXED, 8, palette));
+  for (size_t i = 0; i < indices.size(); ++i) {
+    ASSERT_EQ(decoded.pixels[i * 3], palette[indices[i] * 3]);
+    ASSERT_EQ(decoded.pixels[i * 3 + 1], palette[indices[i] * 3 + 1]);
+  }
+}
+
+TEST(ImageDecoderTest, WebpLosslessDecodesExactly) {
+  const auto rgb = pattern(31, 17);
+  const auto file = encode_webp_lossless(rgb, 31, 17);
+  const auto decoded = decode(file);
+  EXPECT_EQ(decoded.width, 31);
+  EXPECT_EQ(decoded.pixels, rgb);
+  // A region (odd offsets) is cropped by libwebp, exactly.
+  const PixelBox box{5, 3, 19, 11};
+  const auto part = decode(file, {}, {box, 0, 0});
+  ASSERT_EQ(part.width, box.width);
+  ASSERT_EQ(part.height, box.height);
+  for (int64_t y = 0; y < box.height; ++y) {
+    for (int64_t x = 0; x < box.width * 3; ++x) {
+      ASSERT_EQ(part.pixels[size_t(y * box.width * 3 + x)],
+                rgb[size_t((y + box.y) * 31 * 3 + box.x * 3 + x)]);
+    }
+  }
+}
+
+TEST(ImageDecoderTest, JpegDecodesCloseToTheSource) {
+  const int w = 64, h = 48;
+  std::vector<uint8_t> rgb(size_t(w * h * 3));  // smooth: chroma subsampling loses little
+  for (size_t i = 0; i < rgb.size(); ++i) rgb[i] = uint8_t((i / 3 % w) * 2 + (i % 3) * 40);
+  for (const bool progressive : {false, true}) {
+    const auto decoded = decode(encode_jpeg(rgb, w, h, 3, 100, progressive));
+    EXPECT_EQ(decoded.width, w);
+    EXPECT_EQ(decoded.height, h);
+    double error = 0;
+    for (size_t i = 0; i < rgb.size(); ++i) error += std::abs(int(decoded.pixels[i]) - int(rgb[i]));
+    EXPECT_LT(error / double(rgb.size()), 2.0);
+  }
+}
+
+TEST(ImageDecoderTest, JpegRegionEqualsTheSameRegionOfAFullDecode) {
+  const int w = 200, h = 150;
+  for (const bool progressive : {false, true}) {
+    for (const int channels : {3, 1}) {
+      const auto file = encode_jpeg(pattern(w, h, channels), w, h, channels, 90, progressive);
+      const DecodedImage full = decode(file);
+      for (const PixelBox box : {PixelBox{37, 53, 101, 61}, PixelBox{0, 0, 17, 9},
+                                 PixelBox{32, 16, 168, 134}, PixelBox{199, 149, 1, 1}}) {
+        const DecodedImage part = decode(file, {}, {box, 0, 0});
+        ASSERT_EQ(part.width, box.width);
+        ASSERT_EQ(part.height, box.height);
+        std::vector<uint8_t> expected;
+        for (int64_t y = box.y; y < box.y + box.height; ++y) {
+          const auto* row = full.pixels.data() + (y * w + box.x) * 3;
+          expected.insert(expected.end(), row, row + box.width * 3);
+        }
+        EXPECT_EQ(max_difference(part.pixels, expected), 0)
+            << "progressive " << progressive << " channels " << channels << " box " << box.x << ","
+            << box.y;
+      }
+    }
+  }
+}
+
+TEST(ImageDecoderTest, JpegDctScalingKeepsTheRegionAtLeastTheAskedSize) {
+  const int w = 400, h = 320;
+  const auto file = encode_jpeg(pattern(w, h), w, h, 3, 90);
+  const DecodedImage quarter = decode(file, {}, {{0, 0, 0, 0}, 100, 80});
+  EXPECT_EQ(quarter.scale, 2.0 / 8.0);
+  EXPECT_EQ(quarter.width, 100);
+  EXPECT_EQ(quarter.height, 80);
+  const DecodedImage region = decode(file, {}, {{40, 24, 200, 160}, 60, 60});
+  EXPECT_EQ(region.scale, 3.0 / 8.0);
+  EXPECT_GE(region.width, 75);
+  EXPECT_GE(region.height, 60);
+  EXPECT_LE(region.width, 76);
+  EXPECT_LE(region.height, 61);
+}
+
+TEST(ImageDecoderTest, RejectsOversizedImagesFromTheHeader) {
+  const auto rgb = pattern(100, 100);
+  const auto file = encode_png(rgb.data(), rgb.size(), 100, 100, SPNG_COLOR_TYPE_TRUECOLOR, 8);
+  DecodeOptions options;
+  options.max_pixels = 9999;
+  try {
+    read_image_info(as_bytes(file), options);
+    FAIL() << "no error";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("exceed the limit of 9999"), std::string::npos);
+  }
+  // A PNG header claiming 100000 x 100000 pixels: refused before decoding.
+  auto bomb = file;
+  const uint8_t big[4] = {0x00, 0x01, 0x86, 0xA0};
+  std::copy(big, big + 4, bomb.begin() + 16);
+  std::copy(big, big + 4, bomb.begin() + 20);
+  EXPECT_THROW(read_image_info(as_bytes(bomb), {}), FormatError);
+}
+
+TEST(ImageDecoderTest, BadBytesAreFormatErrors) {
+  const auto rgb = pattern(64, 64);
+  const auto jpeg = encode_jpeg(rgb, 64, 64, 3);
+  const auto png = encode_png(rgb.data(), rgb.size(), 64, 64, SPNG_COLOR_TYPE_TRUECOLOR, 8);
+  const auto webp = encode_webp_lossless(rgb, 64, 64);
+  for (const auto* file : {&jpeg, &png, &webp}) {
+    const std::vector<uint8_t> truncated(file->begin(), file->begin() + file->size() * 2 / 3);
+    EXPECT_THROW(decode(truncated), FormatError);
+    std::vector<uint8_t> corrupt = *file;
+    for (size_t i = corrupt.size() / 3; i < corrupt.size() * 2 / 3; i += 7) corrupt[i] ^= 0x5A;
+    EXPECT_THROW(decode(corrupt), FormatError);
+  }
+  EXPECT_THROW(decode({}), FormatError);
+  EXPECT_THROW(decode({'n', 'o', 't', ' ', 'a', 'n', ' ', 'i', 'm', 'a', 'g', 'e'}), FormatError);
+}
+
+TEST(ImageDecoderTest, CorruptJpegDataIsAnErrorUnlessAccepted) {
+  const auto rgb = pattern(64, 64);
+  auto file = encode_jpeg(rgb, 64, 64, 3);
+  // Bytes between markers: libjpeg-turbo warns ("Corrupt JPEG data: 2
+  // extraneous bytes before marker 0xdb") and goes on.
+  const size_t app0_end = 4 + (size_t(file[4]) << 8 | file[5]);  // SOI, APP0
+  file.insert(file.begin() + std::ptrdiff_t(app0_end), {0x12, 0x34});
+  EXPECT_THROW(decode(file), FormatError);
+  DecodeOptions lenient;
+  lenient.accept_corrupt_jpeg = true;
+  EXPECT_EQ(decode(file, lenient).width, 64);
+}
+
+TEST(ImageDecoderTest, ExifOrientationTurnsTheImage) {
+  const int w = 32, h = 16;
+  std::vector<uint8_t> gray(size_t(w * h));
+  for (int y = 0; y < h; ++y) {
+    for (int x = 0; x < w; ++x) gray[size_t(y * w + x)] = uint8_t(x < 8 && y < 8 ? 250 : 10);
+  }
+  const auto file = encode_jpeg(gray, w, h, 1, 100, false, testing::exif_orientation_block(6));
+  DecodeOptions keep_gray;
+  keep_gray.mode = ColorMode::kGray;
+  const DecodedImage stored = decode(file, keep_gray);
+  EXPECT_EQ(stored.width, w);
+  DecodeOptions oriented = keep_gray;
+  oriented.exif_orientation = true;
+  const ImageInfo info = read_image_info(as_bytes(file), oriented);
+  EXPECT_EQ(info.orientation, 6);
+  EXPECT_EQ(info.width, h);
+  EXPECT_EQ(info.height, w);
+  const DecodedImage turned = decode(file, oriented);
+  ASSERT_EQ(turned.width, h);
+  ASSERT_EQ(turned.height, w);
+  // Rotated 90 degrees clockwise: the bright top-left corner is now top-right.
+  EXPECT_GT(turned.pixels[size_t(h - 2)], 200);
+  EXPECT_LT(turned.pixels[0], 60);
+  // A region of the turned image equals the same region of the whole.
+  const PixelBox box{3, 5, 9, 20};
+  const DecodedImage part = decode(file, oriented, {box, 0, 0});
+  ASSERT_EQ(part.width, box.width);
+  ASSERT_EQ(part.height, box.height);
+  for (int64_t y = 0; y < box.height; ++y) {
+    for (int64_t x = 0; x < box.width; ++x) {
+      ASSERT_NEAR(part.pixels[size_t(y * box.width + x)],
+                  turned.pixels[size_t((y + box.y) * h + x + box.x)], 1);
+    }
+  }
+}
+
+TEST(ImageDecoderTest, RegionsOfOrientedImagesEqualTheOrientedWhole) {
+  const int w = 48, h = 32;
+  const auto rgb = pattern(w, h);
+  for (int orientation = 1; orientation <= 8; ++orientation) {
+    const auto file =
+        encode_jpeg(rgb, w, h, 3, 95, false, testing::exif_orientation_block(orientation));
+    DecodeOptions oriented;
+    oriented.exif_orientation = true;
+    const DecodedImage whole = decode(file, oriented);
+    for (const PixelBox box : {PixelBox{3, 5, 9, 20}, PixelBox{0, 0, 1, 1},
+                               PixelBox{7, 2, whole.width - 7, whole.height - 2}}) {
+      const DecodedImage part = decode(file, oriented, {box, 0, 0});
+      ASSERT_EQ(part.width, box.width) << orientation;
+      ASSERT_EQ(part.height, box.height) << orientation;
+      for (int64_t y = 0; y < box.height; ++y) {
+        for (int64_t x = 0; x < box.width * 3; ++x) {
+          ASSERT_EQ(part.pixels[size_t(y * box.width * 3 + x)],
+                    whole.pixels[size_t((y + box.y) * whole.width * 3 + box.x * 3 + x)])
+              << "orientation " << orientation << " box " << box.x << "," << box.y;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace leanloader
