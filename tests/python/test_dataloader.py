@@ -288,6 +288,42 @@ def test_fork_is_refused_unless_forced():
     loader.close()
 
 
+_FORK_SERVER_SCRIPT = """
+import multiprocessing.forkserver as forkserver
+import numpy as np
+import leanloader as ll
+
+class Rows:
+    def __len__(self):
+        return 8
+    def __getitem__(self, i):
+        import sys
+        return np.array([int("torch" in sys.modules)])
+
+if __name__ == "__main__":
+    loader = ll.DataLoader(Rows(), batch_size=4, num_workers=2,
+                           multiprocessing_context="forkserver")
+    batches = [b for b in loader]
+    preload = forkserver._forkserver._preload_modules
+    print(sorted(set(preload)), int(sum(int(b.sum()) for b in batches)))
+"""
+
+
+def test_forkserver_workers_share_what_every_worker_imports(tmp_path):
+    # The fork server preloads torch, numpy, leanloader (and the dataset's
+    # module when importable), so the workers it forks share those pages.
+    script = tmp_path / "forkserver_preload.py"
+    script.write_text(_FORK_SERVER_SCRIPT)
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    modules, torch_in_workers = result.stdout.split("]")
+    for module in ("__main__", "torch", "numpy", "leanloader"):
+        assert f"'{module}'" in modules, result.stdout
+    assert int(torch_in_workers) == 8  # every sample came from a worker with torch loaded
+
+
 # --- shared memory ----------------------------------------------------------------------------
 
 

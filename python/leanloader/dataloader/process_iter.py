@@ -151,6 +151,8 @@ class ProcessIterator:
                 # mp objects refuse to be pickled outside Process.start();
                 # a genuinely unpicklable dataset fails there again (below)
                 payload = PickledAtStart(setup, loader.dataset_sharing())
+        if method == "forkserver":
+            preload_in_fork_server(type(loader.dataset).__module__)
         # A forkserver worker is the forkserver's child, not ours: it cannot
         # check its parent's pid (the forkserver dies with us, and so do its
         # children through PR_SET_PDEATHSIG and the closed task pipe).
@@ -601,3 +603,28 @@ def _shutdown_all() -> None:
 
 
 atexit.register(_shutdown_all)
+
+
+# What every worker imports anyway: loaded once in the fork server, so that
+# the workers forked from it share those pages (copy-on-write) instead of
+# each importing its own copy, as spawned workers do.
+FORK_SERVER_PRELOAD = ("torch", "numpy", "leanloader")
+
+
+def preload_in_fork_server(dataset_module: str) -> None:
+    """Adds torch, numpy, leanloader and the dataset's module to the fork
+    server's preload list (kept: whatever the user preloads) while the
+    server is not running yet; a running server keeps what it has."""
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver  # the module's singleton (no public getter)
+    if getattr(server, "_forkserver_pid", None) is not None:
+        return
+    modules = list(getattr(server, "_preload_modules", ["__main__"]))
+    wanted = [*FORK_SERVER_PRELOAD]
+    if dataset_module not in ("__main__", "__mp_main__", "builtins"):
+        wanted.append(dataset_module)
+    for module in wanted:
+        if module not in modules:
+            modules.append(module)
+    forkserver.set_forkserver_preload(modules)

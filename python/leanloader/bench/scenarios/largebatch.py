@@ -7,6 +7,9 @@ per item), batch 32 (≈ 300 MB per batch), shuffled. The same files as
 
 - ``leanloader-N``: ``ll.DataLoader`` with N spawned worker processes
   (batches written into shared-memory segments and wrapped without a copy).
+- ``leanloader-forkserver-N``: the same with
+  ``multiprocessing_context="forkserver"``: workers fork from a server that
+  preloaded torch, numpy and the dataset's module, and share those pages.
 - ``leanloader-thread-N``: ``ll.DataLoader(worker_mode="thread")``: N native
   threads call ``__getitem__`` in this process.
 - ``torch-fork-N`` / ``torch-spawn-N``: ``torch.utils.data.DataLoader`` with
@@ -56,7 +59,11 @@ def iterate_leanloader(context: LoaderContext) -> Iterator[Any]:
     loader = ll.DataLoader(
         _dataset(context),
         worker_mode=mode,
-        **({"multiprocessing_context": "spawn"} if mode == "process" else {}),
+        **(
+            {"multiprocessing_context": context.options.get("start", "spawn")}
+            if mode == "process"
+            else {}
+        ),
         **_loader_arguments(context),
     )
     try:
@@ -85,16 +92,20 @@ def _describe_size(size: Mapping[str, Any]) -> str:
     return _hdf5._describe_size(size).replace("uncompressed and gzip-1", "uncompressed")
 
 
-def _leanloader(workers: int, mode: str) -> LoaderRun:
-    key = f"leanloader-{workers}" if mode == "process" else f"leanloader-thread-{workers}"
-    kind = "spawned worker processes" if mode == "process" else "native threads"
+def _leanloader(workers: int, mode: str, start: str = "spawn") -> LoaderRun:
+    if mode == "thread":
+        key, kind = f"leanloader-thread-{workers}", "native threads"
+    elif start == "spawn":
+        key, kind = f"leanloader-{workers}", "spawned worker processes (the default)"
+    else:
+        key, kind = f"leanloader-{start}-{workers}", f"worker processes ({start})"
     return LoaderRun(
         name="leanloader",
         function=iterate_leanloader,
         threads=workers,
         imports=("leanloader", "torch", "h5py"),
-        options={"workers": workers, "mode": mode},
-        row_options=("workers", "mode"),
+        options={"workers": workers, "mode": mode, "start": start},
+        row_options=("workers", "mode", "start"),
         label=f"ll.DataLoader, {workers} {kind}",
         key=key,
     )
@@ -168,14 +179,16 @@ SCENARIO = Scenario(
         for workers in WORKER_COUNTS
         for run in (
             _leanloader(workers, "process"),
+            _leanloader(workers, "process", start="forkserver"),
             _leanloader(workers, "thread"),
             _torch(workers, "fork"),
             _torch(workers, "spawn"),
         )
     ),
     ratios=tuple(
-        (f"leanloader-{workers}", f"torch-{start}-{workers}")
+        (f"leanloader{variant}-{workers}", f"torch-{start}-{workers}")
         for workers in WORKER_COUNTS
+        for variant in ("", "-forkserver")
         for start in ("fork", "spawn")
     )
     + tuple((f"leanloader-thread-{workers}", f"torch-fork-{workers}") for workers in WORKER_COUNTS),
