@@ -223,13 +223,15 @@ def run_child(
         "--loader",
         run.run_key,
         "--params",
-        # The run's options and imports as this process decided them (a child
-        # may see other installed modules, e.g. when a test hides torch here).
-        json.dumps({**params, "options": dict(run.options), "imports": list(run.imports)}),
+        "-",  # on stdin: a scenario's data description may be long (file lists)
     ]
+    # The run's options and imports as this process decided them (a child
+    # may see other installed modules, e.g. when a test hides torch here).
+    params_json = json.dumps({**params, "options": dict(run.options), "imports": list(run.imports)})
     # Its own session, so that a timeout can stop the child and its workers.
     child = subprocess.Popen(
         command,
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=_child_environment(),
@@ -241,7 +243,7 @@ def run_child(
     if sample:
         sampler.start()
     try:
-        stdout, stderr = child.communicate(timeout=CHILD_TIMEOUT_S)
+        stdout, stderr = child.communicate(input=params_json, timeout=CHILD_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         _stop_session(child)
         raise BenchError(f"{run.run_key} ran longer than {CHILD_TIMEOUT_S:.0f} s") from None
