@@ -156,13 +156,28 @@ def test_the_consumer_reads_every_byte() -> None:
 
     from leanloader.bench.child import _read_every_byte, touch_batch
 
-    assert _read_every_byte(np.array([[1, 2], [3, 250]], dtype=np.uint8)) == 256
-    # float32 1.0 is bytes 00 00 80 3f: every byte of every element is summed.
-    assert _read_every_byte(np.ones((3, 5), dtype=np.float32)[:, ::2]) == 9 * (0x80 + 0x3F)
+    def reference(data: bytes) -> int:
+        # 64-bit little-endian words summed mod 2**64, then the tail bytes.
+        words = len(data) // 8
+        total = sum(int.from_bytes(data[8 * i : 8 * i + 8], "little") for i in range(words))
+        return (total + sum(data[8 * words :])) % 2**64
+
+    small = np.array([[1, 2], [3, 250]], dtype=np.uint8)
+    assert _read_every_byte(small) == 256
+    # Strided views are read in row-major order, every element's every byte.
+    strided = np.arange(30, dtype=np.float32).reshape(3, 10)[:, ::2]
+    assert _read_every_byte(strided) == reference(np.ascontiguousarray(strided).tobytes())
+    wraps = np.full(21, 0xFF, dtype=np.uint8)  # two full words (they wrap) and 5 bytes
+    assert _read_every_byte(wraps) == reference(wraps.tobytes())
+    changed = strided.copy()
+    changed[-1, -1] += 1
+    assert _read_every_byte(changed) != _read_every_byte(strided)
     batch = {"a": np.zeros((4, 3), dtype=np.int64), "b": [np.ones(2, dtype=np.uint8)]}
     assert touch_batch(batch) == (4, 4 * 3 * 8 + 2)
     torch = pytest.importorskip("torch")
-    assert _read_every_byte(torch.ones(6, dtype=torch.float32)[::2]) == 3 * (0x80 + 0x3F)
+    tensor = torch.arange(30, dtype=torch.float32).reshape(3, 10)[:, ::2]
+    assert _read_every_byte(tensor) == _read_every_byte(strided)
+    assert _read_every_byte(torch.from_numpy(wraps)) == reference(wraps.tobytes())
 
 
 def test_memory_phases_split_start_up_from_steady_state() -> None:

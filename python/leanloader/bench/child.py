@@ -71,13 +71,13 @@ def _read_every_byte(array: Any) -> int:
         flat = array.detach().contiguous().reshape(-1).view(torch.uint8)
         words = flat.numel() // 8
         total = int(flat[: words * 8].view(torch.int64).sum().item()) if words else 0
-        return total + int(flat[words * 8 :].sum(dtype=torch.int64).item())
+        return (total + int(flat[words * 8 :].sum(dtype=torch.int64).item())) % 2**64
     import numpy as np
 
     flat = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
     words = flat.size // 8
     total = int(flat[: words * 8].view(np.uint64).sum(dtype=np.uint64)) if words else 0
-    return total + int(flat[words * 8 :].sum(dtype=np.uint64))
+    return (total + int(flat[words * 8 :].sum(dtype=np.uint64))) % 2**64
 
 
 def _arrays_in(batch: Any) -> Iterator[Any]:
