@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import functools
 import os
 import pickle
 import random
@@ -250,6 +251,112 @@ def plan_batch(batch: Any, torch_names: dict | None) -> tuple[Any, list[tuple[in
     return template, copies, used
 
 
+class UncollatedBatch:
+    """The samples of a batch for torch's default collate, not yet stacked:
+    plan_stacked writes each sample's arrays straight into their rows of the
+    batch's shared segment, so the batch never exists twice in the worker (a
+    private stacked copy, then the segment). torch's workers avoid that copy
+    the same way: default_collate stacks into shared memory."""
+
+    __slots__ = ("collate", "samples")
+
+    def __init__(self, samples: list, collate: Any) -> None:
+        self.samples, self.collate = samples, collate
+
+    def collated(self) -> Any:
+        return self.collate(self.samples)
+
+
+def plan_stacked(
+    batch: UncollatedBatch, torch_names: dict
+) -> tuple[Any, list[tuple[int, Any]], int] | None:
+    """plan_batch's (template, copies, bytes) for default_collate(samples),
+    with one copy per sample and array (its row) instead of a stacked array.
+    Dicts, lists and tuples of same-shape CPU tensors or NumPy arrays are
+    stacked here; any other leaf (numbers, strings, ...) is collated by the
+    collate itself, as a small batch of its own. None when the samples are
+    something else (the caller collates them whole)."""
+    import numpy as np
+    import torch
+
+    copies: list[tuple[int, Any]] = []
+    used = 0
+
+    def place(nbytes: int) -> int:
+        nonlocal used
+        offset = used
+        used = offset + (nbytes + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
+        return offset
+
+    def stackable(value: Any) -> tuple[str, Any, tuple] | None:
+        if isinstance(value, torch.Tensor):
+            if (
+                value.device.type != "cpu"
+                or value.layout != torch.strided
+                or value.is_nested
+                or value.is_quantized
+                or value.dtype not in torch_names
+            ):
+                return None
+            return torch_names[value.dtype], value.dtype, tuple(value.shape)
+        if type(value) is np.ndarray and value.dtype.str in NUMPY_TO_NAME:
+            return NUMPY_TO_NAME[value.dtype.str], value.dtype, tuple(value.shape)
+        return None
+
+    def plan(values: list) -> Any:
+        first = values[0]
+        kind = stackable(first)
+        if kind is not None:
+            if any(type(v) is not type(first) or stackable(v) != kind for v in values):
+                raise _NotStackable
+            name, _dtype, shape = kind
+            row = (
+                int(first.element_size() * first.numel())
+                if isinstance(first, torch.Tensor)
+                else int(first.nbytes)
+            )
+            offset = place(row * len(values))
+            for i, value in enumerate(values):
+                if isinstance(value, torch.Tensor):
+                    value = value.detach().resolve_conj().resolve_neg().contiguous()
+                else:
+                    value = np.ascontiguousarray(value)
+                if row:
+                    copies.append((offset + i * row, value))
+            return SlotLeaf(offset, name, (len(values), *shape), "torch")
+        if type(first) is dict:
+            if any(type(v) is not dict or v.keys() != first.keys() for v in values):
+                raise _NotStackable
+            return {key: plan([v[key] for v in values]) for key in first}
+        if type(first) in (list, tuple):
+            if any(type(v) is not type(first) or len(v) != len(first) for v in values):
+                raise _NotStackable
+            return [plan(list(column)) for column in zip(*values, strict=True)]  # lists, as torch
+        if isinstance(first, (torch.Tensor, np.ndarray, dict, list, tuple)):
+            raise _NotStackable  # types default_collate treats in ways not mirrored here
+        small = batch.collate(values)  # numbers, strings, None, ...
+        if isinstance(small, torch.Tensor) and small.dtype in torch_names:
+            small = small.contiguous()
+            nbytes = int(small.element_size() * small.numel())
+            offset = place(nbytes)
+            if nbytes:
+                copies.append((offset, small))
+            return SlotLeaf(offset, torch_names[small.dtype], tuple(small.shape), "torch")
+        return small
+
+    if not batch.samples:
+        return None
+    try:
+        template = plan(batch.samples)
+    except _NotStackable:
+        return None
+    return template, copies, used
+
+
+class _NotStackable(Exception):
+    pass
+
+
 def unpack_batch(template: Any, hold: Any) -> Any:
     """The batch of `template` with zero-copy tensors over the held slot."""
 
@@ -411,6 +518,9 @@ def worker_main(
             # torch's default collate allocates torch shared memory when it
             # sees it is in a worker; here the batch goes into a slot instead.
             collate = _outside_worker_info(collate, torch_worker)
+        if setup.collate_fn is default_collate:
+            # Stacked straight into the batch's segment (see UncollatedBatch).
+            collate = functools.partial(UncollatedBatch, collate=collate)
         if setup.sharding is not None:
             # torch's _sharding_worker_init_fn: ranks first, then workers
             from torch.utils.data.graph_settings import apply_sharding
@@ -565,7 +675,12 @@ class _BatchMemory:
         return slot if slot is not None else offered
 
     def payload(self, batch: Any, slot: Any, torch_names: dict) -> tuple:
-        template, copies, needed = plan_batch(batch, torch_names)
+        planned = None
+        if isinstance(batch, UncollatedBatch):
+            planned = plan_stacked(batch, torch_names)
+            if planned is None or planned[2] == 0:
+                batch, planned = batch.collated(), None
+        template, copies, needed = planned or plan_batch(batch, torch_names)
         if needed == 0:
             return ("pickle", pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL), 0)
         if slot is not None and needed <= slot[3]:
