@@ -191,6 +191,45 @@ def test_batches_match_torch(kwargs):
     assert len(ours[0]) > 0
 
 
+class Mixed(Dataset):
+    """Every kind of leaf torch's default_collate stacks or collates: tensors
+    (0-d, bool, bfloat16, non-contiguous), NumPy arrays, numbers, strings,
+    tuples (which collate to lists) and nested dicts."""
+
+    def __len__(self) -> int:
+        return 11
+
+    def __getitem__(self, i: int):
+        grid = torch.arange(12, dtype=torch.float32).reshape(3, 4) + i
+        return (
+            grid.t(),  # not contiguous
+            torch.tensor(i % 2 == 0),
+            {"half": torch.full((2,), float(i), dtype=torch.bfloat16), "n": np.float64(i / 3)},
+            [np.arange(3, dtype=np.int16) * i, f"s{i}"],
+            i,
+        )
+
+
+def test_default_collate_written_into_the_slot_equals_torchs():
+    ours, theirs = _both(Mixed(), batch_size=4, num_workers=2)
+    _assert_same(ours, theirs)
+
+
+class Ragged(Dataset):
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int):
+        return torch.zeros(i + 1)
+
+
+def test_samples_default_collate_cannot_stack_raise_torchs_error():
+    loader = ll.DataLoader(Ragged(), batch_size=3, num_workers=1)
+    with pytest.raises(RuntimeError, match="stack expects each tensor to be equal size"):
+        list(loader)
+    loader.close()
+
+
 SAMPLERS = {
     "subset-random": lambda: {
         "sampler": SubsetRandomSampler(

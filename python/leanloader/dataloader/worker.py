@@ -47,6 +47,7 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Sequence
 from typing import Any
 
 from leanloader import _core
@@ -303,7 +304,7 @@ def plan_stacked(
             return NUMPY_TO_NAME[value.dtype.str], value.dtype, tuple(value.shape)
         return None
 
-    def plan(values: list) -> Any:
+    def plan(values: Sequence[Any]) -> Any:
         first = values[0]
         kind = stackable(first)
         if kind is not None:
@@ -331,7 +332,7 @@ def plan_stacked(
         if type(first) in (list, tuple):
             if any(type(v) is not type(first) or len(v) != len(first) for v in values):
                 raise _NotStackable
-            return [plan(list(column)) for column in zip(*values, strict=True)]  # lists, as torch
+            return [plan(column) for column in zip(*values, strict=True)]  # as torch: tuples in
         if isinstance(first, (torch.Tensor, np.ndarray, dict, list, tuple)):
             raise _NotStackable  # types default_collate treats in ways not mirrored here
         small = batch.collate(values)  # numbers, strings, None, ...
