@@ -302,6 +302,17 @@ def test_audit_points_h5py_handles_to_hdf5source(tmp_path):
     assert "ll.HDF5Source" in text
 
 
+def _scenario_totals(function, context):
+    """(rows, sum of fmri, sum of images) over every batch a bench loader yields."""
+    fmri = image = 0.0
+    rows = 0
+    for batch in function(context):
+        fmri += float(np.asarray(batch["fmri"], dtype=np.float64).sum())
+        image += float(np.asarray(batch["image"], dtype=np.float64).sum())
+        rows += len(batch["fmri"])
+    return rows, fmri, image
+
+
 def test_bench_scenario_loaders_read_the_same_trials(tmp_path):
     from leanloader.bench.scenarios import LoaderContext, get_scenario
     from leanloader.bench.scenarios import hdf5 as scenario_module
@@ -312,14 +323,9 @@ def test_bench_scenario_loaders_read_the_same_trials(tmp_path):
     assert scenario.prepare(tmp_path, size) == data  # generated once, reused
 
     def totals(function, options):
-        context = LoaderContext(size=size, data=data, options=options, seed=1)
-        fmri = image = 0.0
-        rows = 0
-        for batch in function(context):
-            fmri += float(np.asarray(batch["fmri"], dtype=np.float64).sum())
-            image += float(np.asarray(batch["image"], dtype=np.float64).sum())
-            rows += len(batch["fmri"])
-        return rows, fmri, image
+        return _scenario_totals(
+            function, LoaderContext(size=size, data=data, options=options, seed=1)
+        )
 
     expected = totals(scenario_module.iterate_pread, {})
     assert expected[0] == 10
@@ -338,14 +344,9 @@ def test_largebatch_scenario_loaders_read_the_same_trials(tmp_path):
     data = scenario.prepare(tmp_path, size)
 
     def totals(function, options):
-        context = LoaderContext(size=size, data=data, options=options, seed=1)
-        fmri = image = 0.0
-        rows = 0
-        for batch in function(context):
-            fmri += float(np.asarray(batch["fmri"], dtype=np.float64).sum())
-            image += float(np.asarray(batch["image"], dtype=np.float64).sum())
-            rows += len(batch["fmri"])
-        return rows, fmri, image
+        return _scenario_totals(
+            function, LoaderContext(size=size, data=data, options=options, seed=1)
+        )
 
     expected = totals(hdf5_module.iterate_pread, {})
     runs = [
