@@ -396,6 +396,15 @@ class ProcessIterator:
             self._waiting.discard(task)
             try:
                 segment = _core.SharedSegment.attach(f"/proc/{owner}/fd/{fd}")
+            except OSError:
+                # The worker died after sending the batch, and its descriptors
+                # with it: report its death as any other.
+                self._workers[worker].join(1.0)
+                self._check_workers(grace=True)
+                raise _Dead(
+                    f"leanloader DataLoader worker {worker} (pid {owner}) sent a batch segment "
+                    "that is gone"
+                ) from None
             finally:
                 self._send(worker, ("close", fd))  # the worker's descriptor goes
             if os.fstat(segment.fd).st_ino != inode:
