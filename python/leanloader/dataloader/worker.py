@@ -211,45 +211,64 @@ def _map_structure(batch: Any, leaf: Any) -> Any:
     return leaf(batch)
 
 
+def slot_array(value: Any, torch_names: dict | None) -> tuple[str, str, Any] | None:
+    """(kind, dtype name, contiguous array) when a batch slot can hold `value`:
+    a strided CPU tensor of a dtype in `torch_names`, or a NumPy array of a
+    dtype in NUMPY_TO_NAME. None for anything else (it stays in the template)."""
+    if torch_names is not None:
+        import torch
+
+        if (
+            isinstance(value, torch.Tensor)
+            and value.device.type == "cpu"
+            and value.layout == torch.strided
+            and not value.is_nested
+        ):
+            name = torch_names.get(value.dtype)
+            if name is not None and not value.is_quantized:
+                return "torch", name, value.detach().resolve_conj().resolve_neg().contiguous()
+    import numpy as np
+
+    if type(value) is np.ndarray and value.dtype.str in NUMPY_TO_NAME:
+        return "numpy", NUMPY_TO_NAME[value.dtype.str], np.ascontiguousarray(value)
+    return None
+
+
+def _nbytes(array: Any) -> int:
+    return int(array.element_size() * array.numel() if hasattr(array, "numel") else array.nbytes)
+
+
+class _SlotLayout:
+    """Aligned places in a batch slot and the (offset, array) copies to make."""
+
+    def __init__(self) -> None:
+        self.copies: list[tuple[int, Any]] = []
+        self.used = 0
+
+    def place(self, nbytes: int) -> int:
+        offset = self.used
+        self.used = offset + (nbytes + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
+        return offset
+
+    def leaf(self, value: Any, torch_names: dict | None) -> Any:
+        """A SlotLeaf for an array the slot can hold (and its copy), else `value`."""
+        found = slot_array(value, torch_names)
+        if found is None:
+            return value
+        kind, name, array = found
+        nbytes = _nbytes(array)
+        offset = self.place(nbytes)
+        if nbytes:
+            self.copies.append((offset, array))
+        return SlotLeaf(offset, name, tuple(array.shape), kind)
+
+
 def plan_batch(batch: Any, torch_names: dict | None) -> tuple[Any, list[tuple[int, Any]], int]:
     """Template of `batch` with SlotLeaf for every array the slot can hold,
     the (offset, contiguous array) copies to make, and the bytes needed."""
-    copies: list[tuple[int, Any]] = []
-    used = 0
-
-    def leaf(value: Any) -> Any:
-        nonlocal used
-        kind = name = None
-        if torch_names is not None:
-            import torch
-
-            if (
-                isinstance(value, torch.Tensor)
-                and value.device.type == "cpu"
-                and value.layout == torch.strided
-                and not value.is_nested
-            ):
-                name = torch_names.get(value.dtype)
-                if name is not None and not value.is_quantized:
-                    kind = "torch"
-                    value = value.detach().resolve_conj().resolve_neg().contiguous()
-        if kind is None:
-            import numpy as np
-
-            if type(value) is np.ndarray and value.dtype.str in NUMPY_TO_NAME:
-                kind, name = "numpy", NUMPY_TO_NAME[value.dtype.str]
-                value = np.ascontiguousarray(value)
-        if kind is None:
-            return value
-        offset = used
-        nbytes = int(value.element_size() * value.numel() if kind == "torch" else value.nbytes)
-        used = offset + (nbytes + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
-        if nbytes:
-            copies.append((offset, value))
-        return SlotLeaf(offset, name, tuple(value.shape), kind)
-
-    template = _map_structure(batch, leaf)
-    return template, copies, used
+    layout = _SlotLayout()
+    template = _map_structure(batch, lambda value: layout.leaf(value, torch_names))
+    return template, layout.copies, layout.used
 
 
 class UncollatedBatch:
@@ -280,51 +299,24 @@ def plan_stacked(
     import numpy as np
     import torch
 
-    copies: list[tuple[int, Any]] = []
-    used = 0
-
-    def place(nbytes: int) -> int:
-        nonlocal used
-        offset = used
-        used = offset + (nbytes + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
-        return offset
-
-    def stackable(value: Any) -> tuple[str, Any, tuple] | None:
-        if isinstance(value, torch.Tensor):
-            if (
-                value.device.type != "cpu"
-                or value.layout != torch.strided
-                or value.is_nested
-                or value.is_quantized
-                or value.dtype not in torch_names
-            ):
-                return None
-            return torch_names[value.dtype], value.dtype, tuple(value.shape)
-        if type(value) is np.ndarray and value.dtype.str in NUMPY_TO_NAME:
-            return NUMPY_TO_NAME[value.dtype.str], value.dtype, tuple(value.shape)
-        return None
+    layout = _SlotLayout()
 
     def plan(values: Sequence[Any]) -> Any:
         first = values[0]
-        kind = stackable(first)
-        if kind is not None:
-            if any(type(v) is not type(first) or stackable(v) != kind for v in values):
+        found = slot_array(first, torch_names)
+        if found is not None:
+            kind, name, array = found
+            arrays = [slot_array(value, torch_names) for value in values]
+            if any(
+                other is None or other[:2] != (kind, name) or other[2].shape != array.shape
+                for other in arrays
+            ):
                 raise _NotStackable
-            name, _dtype, shape = kind
-            row = (
-                int(first.element_size() * first.numel())
-                if isinstance(first, torch.Tensor)
-                else int(first.nbytes)
-            )
-            offset = place(row * len(values))
-            for i, value in enumerate(values):
-                if isinstance(value, torch.Tensor):
-                    value = value.detach().resolve_conj().resolve_neg().contiguous()
-                else:
-                    value = np.ascontiguousarray(value)
-                if row:
-                    copies.append((offset + i * row, value))
-            return SlotLeaf(offset, name, (len(values), *shape), "torch")
+            row = _nbytes(array)
+            offset = layout.place(row * len(values))
+            if row:
+                layout.copies.extend((offset + i * row, other[2]) for i, other in enumerate(arrays))
+            return SlotLeaf(offset, name, (len(values), *array.shape), "torch")
         if type(first) is dict:
             if any(type(v) is not dict or v.keys() != first.keys() for v in values):
                 raise _NotStackable
@@ -335,15 +327,8 @@ def plan_stacked(
             return [plan(column) for column in zip(*values, strict=True)]  # as torch: tuples in
         if isinstance(first, (torch.Tensor, np.ndarray, dict, list, tuple)):
             raise _NotStackable  # types default_collate treats in ways not mirrored here
-        small = batch.collate(values)  # numbers, strings, None, ...
-        if isinstance(small, torch.Tensor) and small.dtype in torch_names:
-            small = small.contiguous()
-            nbytes = int(small.element_size() * small.numel())
-            offset = place(nbytes)
-            if nbytes:
-                copies.append((offset, small))
-            return SlotLeaf(offset, torch_names[small.dtype], tuple(small.shape), "torch")
-        return small
+        # numbers, strings, ...: collated as a small batch of their own
+        return layout.leaf(batch.collate(values), torch_names)
 
     if not batch.samples:
         return None
@@ -351,7 +336,7 @@ def plan_stacked(
         template = plan(batch.samples)
     except _NotStackable:
         return None
-    return template, copies, used
+    return template, layout.copies, layout.used
 
 
 class _NotStackable(Exception):
