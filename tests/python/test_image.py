@@ -213,6 +213,21 @@ def test_crops_decode_only_the_region_with_a_full_decodes_pixels(tmp_path, name,
         np.testing.assert_array_equal(ours, full[i : i + h, j : j + w])
 
 
+@pytest.mark.parametrize("mode", ["RGBA", "L"])
+def test_jpeg_crops_in_every_mode_equal_the_full_decodes_pixels(tmp_path, mode):
+    # A cropped scanline is cut out and copied; 4 components are RGBA here,
+    # not CMYK (which is converted).
+    path = tmp_path / "x.jpg"
+    natural_image(122, 154).save(path, quality=85)
+    full = decode(path, mode=mode)
+    for crop in [(33, 41), (7, 9)]:
+        source = ll.Images([path], transform=[ll.CenterCrop(crop)], layout="HWC", mode=mode)
+        ((i, j, h, w),) = source.transform_params(0)["crops"]
+        ours = read_all(source)["image"][0]
+        np.testing.assert_array_equal(ours.reshape(full[i : i + h, j : j + w].shape),
+                                      full[i : i + h, j : j + w])
+
+
 # -- transforms ---------------------------------------------------------------
 
 
