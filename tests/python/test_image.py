@@ -224,8 +224,9 @@ def test_jpeg_crops_in_every_mode_equal_the_full_decodes_pixels(tmp_path, mode):
         source = ll.Images([path], transform=[ll.CenterCrop(crop)], layout="HWC", mode=mode)
         ((i, j, h, w),) = source.transform_params(0)["crops"]
         ours = read_all(source)["image"][0]
-        np.testing.assert_array_equal(ours.reshape(full[i : i + h, j : j + w].shape),
-                                      full[i : i + h, j : j + w])
+        np.testing.assert_array_equal(
+            ours.reshape(full[i : i + h, j : j + w].shape), full[i : i + h, j : j + w]
+        )
 
 
 # -- transforms ---------------------------------------------------------------

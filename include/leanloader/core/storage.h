@@ -43,7 +43,8 @@ class Storage {
 inline constexpr size_t kBufferAlignment = 64;
 
 // Anonymous memory. Large blocks come from mmap so that they are page-aligned
-// and go back to the OS when freed (no allocator fragmentation across epochs).
+// and go back to the OS when freed (no allocator fragmentation across epochs);
+// blocks of 4 MiB and more are advised to use transparent huge pages.
 class HeapStorage final : public Storage {
  public:
   static std::shared_ptr<HeapStorage> allocate(size_t size);
