@@ -259,6 +259,24 @@ void write_through_tables(const View& from, bool flip, bool chw, const ChannelTa
                           T* out) {
   const auto width = static_cast<size_t>(from.width), height = static_cast<size_t>(from.height);
   const auto channels = static_cast<size_t>(from.channels);
+  if (chw && channels == 3) {
+    // RGB, the common case: one sequential pass over the pixels feeds the
+    // three planes (instead of three strided passes).
+    const std::array<T, 256>&r = tables[0], &g = tables[1], &b = tables[2];
+    for (size_t y = 0; y < height; ++y) {
+      const uint8_t* row = from.data + y * from.stride;
+      T* red = out + y * width;
+      T* green = red + height * width;
+      T* blue = green + height * width;
+      for (size_t x = 0; x < width; ++x) {
+        const uint8_t* pixel = row + (flip ? width - 1 - x : x) * 3;
+        red[x] = r[pixel[0]];
+        green[x] = g[pixel[1]];
+        blue[x] = b[pixel[2]];
+      }
+    }
+    return;
+  }
   if (chw) {
     for (size_t c = 0; c < channels; ++c) {
       const std::array<T, 256>& table = tables[c];
