@@ -10,6 +10,7 @@
 
 #include "bindings.h"
 #include "leanloader/core/storage.h"
+#include "leanloader/image/image_format.h"
 #include "leanloader/image/image_source.h"
 #include "leanloader/image/philox.h"
 
@@ -146,6 +147,19 @@ void bind_image(nb::module_& m) {
       },
       nb::arg("data"), nb::arg("mode"), nb::arg("max_pixels"), nb::arg("accept_corrupt_jpeg"),
       nb::arg("exif_orientation"), "Decodes image bytes to an (H, W, C) uint8 array.");
+
+  m.def(
+      "image_file_format",
+      [](const std::string& path) {
+        ImageFormat format;
+        {
+          nb::gil_scoped_release release;
+          format = detect_image_file_format(path);
+        }
+        return std::string(format == ImageFormat::kUnknown ? "unknown" : image_format_name(format));
+      },
+      nb::arg("path"),
+      "The format of an image file by its first bytes: 'JPEG', 'PNG', 'WebP' or 'unknown'.");
 
   m.def(
       "sample_uniforms",

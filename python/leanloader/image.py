@@ -30,10 +30,37 @@ from leanloader import _core
 # (a decompression bomb guard), before anything is allocated.
 MAX_IMAGE_PIXELS = 89_478_485
 
-# torchvision.datasets.folder.IMG_EXTENSIONS. Files with the extensions
-# leanloader cannot decode (.ppm, .bmp, .pgm, .tif, .tiff) are listed, as
-# torchvision lists them, and fail with a decode error naming the file.
+# torchvision.datasets.folder.IMG_EXTENSIONS. ImageFolder lists files with
+# the extensions leanloader cannot decode (.ppm, .bmp, .pgm, .tif, .tiff), as
+# torchvision does, and refuses them up front unless their bytes are a
+# JPEG, PNG or WebP (see _refuse_undecodable).
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+DECODED_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp")
+
+
+def _refuse_undecodable(root: str, paths: list[str]) -> None:
+    """Raises ValueError when files of an ImageFolder are in a format leanloader
+    does not decode (BMP, PPM/PGM, TIFF, ...), found before the first epoch
+    rather than as decode errors in the middle of one. Only files whose
+    extension is not a decoded format's are read (their first 12 bytes)."""
+    undecodable = [
+        path
+        for path in paths
+        if not path.lower().endswith(DECODED_EXTENSIONS)
+        and _core.image_file_format(path) == "unknown"
+    ]
+    if not undecodable:
+        return
+    shown = "\n  ".join(undecodable[:5])
+    more = f"\n  ... and {len(undecodable) - 5} more" if len(undecodable) > 5 else ""
+    raise ValueError(
+        f"ImageFolder({root!r}): {len(undecodable)} of {len(paths)} files are not JPEG, PNG "
+        f"or WebP, the formats leanloader decodes:\n  {shown}{more}\n"
+        "Convert them (for example with Pillow: Image.open(p).save(q.with_suffix('.png'))), "
+        "leave them out with is_valid_file= or extensions=, or load them with ll.DataLoader "
+        "over a PIL dataset."
+    )
+
 
 _DTYPES = {"uint8": "U8", "float32": "F32", "float16": "F16", "bfloat16": "BF16"}
 
@@ -294,6 +321,7 @@ class ImageFolder(_ImageSource):
             )
         if not samples:
             raise FileNotFoundError(f"no image files under {self.root}")
+        _refuse_undecodable(self.root, [p for p, _ in samples])
         self.classes = classes
         self.class_to_idx = class_to_idx
         self.samples = samples

@@ -1,6 +1,9 @@
 #include "leanloader/image/image_format.h"
 
 #include <cstring>
+#include <vector>
+
+#include "io/file_io.h"
 
 namespace leanloader {
 
@@ -14,6 +17,11 @@ ImageFormat detect_image_format(std::span<const std::byte> bytes) noexcept {
     return ImageFormat::kWebp;
   }
   return ImageFormat::kUnknown;
+}
+
+ImageFormat detect_image_file_format(const std::string& path) {
+  const std::vector<std::byte> head = detail::read_file_prefix(path, 12);
+  return detect_image_format(head);
 }
 
 std::string_view image_format_name(ImageFormat format) noexcept {

@@ -526,6 +526,22 @@ def test_image_folder_extensions_and_empty_classes_as_torchvision(tmp_path):
         ll.ImageFolder(root / "a")
 
 
+def test_image_folder_refuses_formats_it_cannot_decode_before_the_first_epoch(tmp_path):
+    root = tmp_path / "root"
+    write_jpegs(root / "a", 2)
+    (root / "b").mkdir()
+    natural_image(20, 30).save(root / "b" / "x.bmp")
+    natural_image(20, 30).save(root / "b" / "y.tiff")
+    # A JPEG named .ppm is decoded (formats are told by their bytes).
+    (root / "b" / "z.ppm").write_bytes((root / "a" / "img000.jpg").read_bytes())
+    with pytest.raises(ValueError, match=r"2 of 5 files are not JPEG, PNG or WebP") as error:
+        ll.ImageFolder(root)
+    assert "x.bmp" in str(error.value) and "y.tiff" in str(error.value)
+    assert "z.ppm" not in str(error.value) and "is_valid_file" in str(error.value)
+    ds = ll.ImageFolder(root, extensions=(".jpg", ".ppm"))
+    assert len(ds) == 3 and len(read_all(ds)["image"]) == 3
+
+
 # -- bad files ------------------------------------------------------------------
 
 

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <span>
+#include <string>
 #include <string_view>
 
 namespace leanloader {
@@ -15,5 +16,9 @@ enum class ImageFormat { kUnknown, kJpeg, kPng, kWebp };
 ImageFormat detect_image_format(std::span<const std::byte> bytes) noexcept;
 
 std::string_view image_format_name(ImageFormat format) noexcept;
+
+// The format of the file at `path`, from its first bytes (a dozen bytes are
+// read). Throws IoError when the file cannot be read.
+ImageFormat detect_image_file_format(const std::string& path);
 
 }  // namespace leanloader

@@ -3,9 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 
 #include "image/image_test_util.h"
 #include "leanloader/core/error.h"
+#include "leanloader/image/image_format.h"
+#include "test_util.h"
 
 namespace leanloader {
 namespace {
@@ -42,6 +45,20 @@ TEST(ImageDecoderTest, TellsFormatsByMagicBytes) {
   const std::vector<uint8_t> text = {'h', 'e', 'l', 'l', 'o'};
   EXPECT_EQ(detect_image_format(as_bytes(text)), ImageFormat::kUnknown);
   EXPECT_EQ(detect_image_format({}), ImageFormat::kUnknown);
+}
+
+TEST(ImageDecoderTest, TellsAFilesFormatByItsFirstBytes) {
+  const testing::TempDir dir;
+  const auto rgb = pattern(8, 8);
+  const auto png = encode_png(rgb.data(), rgb.size(), 8, 8, 2, 8);
+  const std::string named_bmp = dir.file("really_a_png.bmp");
+  std::ofstream(named_bmp, std::ios::binary)
+      .write(reinterpret_cast<const char*>(png.data()), static_cast<std::streamsize>(png.size()));
+  EXPECT_EQ(detect_image_file_format(named_bmp), ImageFormat::kPng);
+  const std::string short_file = dir.file("short.jpg");
+  std::ofstream(short_file) << "BM";
+  EXPECT_EQ(detect_image_file_format(short_file), ImageFormat::kUnknown);
+  EXPECT_THROW(detect_image_file_format(dir.file("missing.png")), IoError);
 }
 
 TEST(ImageDecoderTest, PngColorTypesDecodeExactly) {
