@@ -16,7 +16,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_PACKAGES := g++ make python3-venv libgtest-dev clang clang-format pkg-config libhdf5-dev libdeflate-dev zlib1g-dev liblz4-dev libzstd-dev libjpeg62-turbo-dev libspng-dev libwebp-dev libopencv-imgproc-dev
 CORE_SOURCES := $(shell find include src bindings python -type f \( -name '*.h' -o -name '*.cc' -o -name '*.py' -o -name '*.pyi' \) 2>/dev/null) CMakeLists.txt pyproject.toml
 
-.PHONY: all setup deps demo test test-cpp test-sanitize test-tsan test-python test-fuzz fuzz bench format lint clean
+.PHONY: all setup deps demo test test-cpp test-sanitize test-tsan test-python test-fuzz test-gpu fuzz bench format lint clean
 
 all: test
 
@@ -92,6 +92,14 @@ fuzz:
 test-python: setup
 	$(PY) -m pytest -q tests/python
 
+# On a machine with an NVIDIA GPU and a CUDA build of torch (not part of
+# `make test`): the device feed's C++ tests (CUDA runtime loaded at run time)
+# and tests/gpu/. Without CUDA the tests skip and say why.
+test-gpu: setup build/cpp/build.ninja
+	cmake --build build/cpp
+	ctest --test-dir build/cpp -R 'DeviceFeed|HostStandIn|CudaRuntime' --output-on-failure
+	$(PY) -m pytest -q -rs tests/gpu
+
 # What `make bench` adds: FFmpeg's libraries for SPDL (requirements-bench.txt).
 BENCH_APT_PACKAGES := libavcodec-dev libavformat-dev libavfilter-dev libavdevice-dev libswscale-dev libswresample-dev
 
@@ -111,14 +119,14 @@ bench: setup $(VENV)/.bench-requirements
 
 format: | $(VENV)/.requirements
 	clang-format -i $$(find include src bindings tests/cpp fuzz -name '*.h' -o -name '*.cc')
-	$(BIN)/ruff format python tests/python examples
-	$(BIN)/ruff check --fix python tests/python examples
+	$(BIN)/ruff format python tests/python tests/gpu examples
+	$(BIN)/ruff check --fix python tests/python tests/gpu examples
 
 # Style is part of the tests: clang-format (.clang-format) and ruff (pyproject.toml).
 lint: | $(VENV)/.requirements
 	clang-format --dry-run --Werror $$(find include src bindings tests/cpp fuzz -name '*.h' -o -name '*.cc')
-	$(BIN)/ruff format --check python tests/python examples
-	$(BIN)/ruff check python tests/python examples
+	$(BIN)/ruff format --check python tests/python tests/gpu examples
+	$(BIN)/ruff check python tests/python tests/gpu examples
 
 clean:
 	rm -rf build $(VENV)

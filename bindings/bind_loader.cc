@@ -10,6 +10,8 @@
 
 #include "bindings.h"
 #include "leanloader/core/byte_size.h"
+#include "leanloader/device/device_feed.h"
+#include "leanloader/device/host_pinning.h"
 #include "leanloader/pipeline/loader.h"
 
 namespace nb = nanobind;
@@ -55,14 +57,16 @@ void bind_loader(nb::module_& m) {
   nb::class_<EpochIterator>(m, "EpochIterator", "One pass over an epoch; dropping it cancels it.")
       .def(
           "next_batch",
-          [](EpochIterator& self, const Source& source, const std::string& output) -> nb::object {
+          [](EpochIterator& self, const Source& source, const std::string& output, DeviceFeed* feed,
+             uintptr_t stream) -> nb::object {
             const OutputFramework framework = parse_output_framework(output);
             Batch batch;
             while (true) {
               EpochIterator::Status status;
               {
                 nb::gil_scoped_release release;
-                status = self.next(batch, kSignalCheckInterval);
+                status = feed != nullptr ? feed->next(self, batch, stream, kSignalCheckInterval)
+                                         : self.next(batch, kSignalCheckInterval);
               }
               if (status == EpochIterator::Status::kBatch) break;
               if (status == EpochIterator::Status::kEnd) return nb::none();
@@ -76,8 +80,10 @@ void bind_loader(nb::module_& m) {
             nb::dict out = batch_to_dict(source, batch, framework);
             return nb::make_tuple(out, nb::cast(batch.indices));
           },
-          nb::arg("source"), nb::arg("output"),
-          "The next (batch dict, sample indices) in order, or None at the end.")
+          nb::arg("source"), nb::arg("output"), nb::arg("feed").none() = nb::none(),
+          nb::arg("stream") = 0,
+          "The next (batch dict, sample indices) in order, or None at the end; with `feed`, "
+          "on its device, ordered before later work on `stream`.")
       .def_prop_ro("epoch", &EpochIterator::epoch)
       .def("skipped",
            [](const EpochIterator& self) {
@@ -113,7 +119,7 @@ void bind_loader(nb::module_& m) {
              uint64_t seed, int num_threads, int prefetch, std::optional<size_t> memory_budget,
              bool drop_last, const std::string& on_error, double max_skip_fraction,
              const std::string& collate, std::optional<size_t> pressure_threshold, uint64_t rank,
-             uint64_t world_size, bool follow_updates) {
+             uint64_t world_size, bool follow_updates, std::shared_ptr<HostPinning> pinning) {
             LoaderOptions options;
             options.batch_size = batch_size;
             options.shuffle = shuffle;
@@ -129,13 +135,15 @@ void bind_loader(nb::module_& m) {
             options.rank = rank;
             options.world_size = world_size;
             options.follow_updates = follow_updates;
+            options.slot_hooks = std::move(pinning);
             new (self) Loader(std::move(source), options);
           },
           nb::arg("source"), nb::arg("batch_size"), nb::arg("shuffle"), nb::arg("seed"),
           nb::arg("num_threads"), nb::arg("prefetch"), nb::arg("memory_budget").none(),
           nb::arg("drop_last"), nb::arg("on_error"), nb::arg("max_skip_fraction"),
           nb::arg("collate"), nb::arg("pressure_threshold").none() = nb::none(),
-          nb::arg("rank") = 0, nb::arg("world_size") = 1, nb::arg("follow_updates") = true)
+          nb::arg("rank") = 0, nb::arg("world_size") = 1, nb::arg("follow_updates") = true,
+          nb::arg("pinning").none() = nb::none())
       .def("__len__", &Loader::num_batches)
       .def("set_epoch", &Loader::set_epoch, nb::arg("epoch"))
       .def_prop_ro("epoch", &Loader::epoch)

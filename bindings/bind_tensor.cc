@@ -96,9 +96,36 @@ nb::object subbyte_to_python(const Tensor& tensor, OutputFramework framework) {
       .attr("PackedTensor")(std::string(dtype_name(tensor.dtype())), nb::tuple(dims), bytes);
 }
 
+// A tensor in device memory (DLPack's device type and index), for torch or
+// DLPack consumers; NumPy holds host memory only.
+nb::object device_tensor_to_python(const Tensor& tensor, OutputFramework framework,
+                                   DeviceLocation device) {
+  if (framework == OutputFramework::kNumpy) {
+    throw nb::type_error("NumPy arrays live in host memory: use output='torch' with a device");
+  }
+  if (dtype_is_subbyte(tensor.dtype())) {
+    throw nb::type_error("sub-byte dtypes are not moved to a device");
+  }
+  const DLPackType type = dlpack_type(tensor.dtype());
+  const nb::dlpack::dtype dtype{type.code, type.bits, 1};
+  std::vector<size_t> shape(tensor.shape().begin(), tensor.shape().end());
+  const nb::capsule owner = storage_owner(tensor.storage());
+  const int device_type = static_cast<int>(device.type);
+  if (framework == OutputFramework::kTorch) {
+    nb::ndarray<nb::pytorch> array(tensor.data(), shape.size(), shape.data(), owner,
+                                   tensor.strides().data(), dtype, device_type, device.index);
+    return array.cast();
+  }
+  nb::ndarray<> array(tensor.data(), shape.size(), shape.data(), owner, tensor.strides().data(),
+                      dtype, device_type, device.index);
+  return array.cast();
+}
+
 }  // namespace
 
 nb::object tensor_to_python(const Tensor& tensor, OutputFramework framework) {
+  const DeviceLocation device = tensor.storage()->device();
+  if (!device.is_cpu()) return device_tensor_to_python(tensor, framework, device);
   if (dtype_is_subbyte(tensor.dtype())) return subbyte_to_python(tensor, framework);
   const DLPackType type = dlpack_type(tensor.dtype());
   const nb::dlpack::dtype dtype{type.code, type.bits, 1};

@@ -25,6 +25,7 @@ void bind_process(nanobind::module_& m);
 void bind_cache(nanobind::module_& m);
 void bind_hdf5(nanobind::module_& m);
 void bind_image(nanobind::module_& m);
+void bind_device(nanobind::module_& m);
 
 // Which array type Python receives. Both are zero-copy views through DLPack.
 enum class OutputFramework { kNumpy, kTorch, kDLPack };

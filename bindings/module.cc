@@ -19,4 +19,5 @@ NB_MODULE(_core, m) {
   bind_cache(m);
   bind_hdf5(m);
   bind_image(m);
+  bind_device(m);
 }

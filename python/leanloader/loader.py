@@ -25,6 +25,51 @@ def _default_threads() -> int:
     return max(1, min(8, cores))
 
 
+def _device_index(device: Any) -> int | None:
+    """The CUDA device index `device` names ("cuda", "cuda:1", torch.device), or
+    None for the CPU stand-in ("host-stand-in")."""
+    text = str(device)
+    if text == "host-stand-in":
+        return None
+    kind, _, index = text.partition(":")
+    if kind != "cuda" or (index and not index.isdigit()):
+        raise ValueError(
+            f"device must be 'cuda', 'cuda:N' or a torch.device of type cuda, got {device!r}"
+        )
+    if index:
+        return int(index)
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.current_device()
+    except ImportError:
+        pass
+    return 0
+
+
+def _device_runtime(device: Any, output: str) -> Any:
+    index = _device_index(device)
+    if index is None:
+        return _core.host_stand_in_runtime()
+    if output != "torch":
+        raise ValueError("device='cuda' gives torch tensors: use output='torch'")
+    return _core.cuda_runtime(index)  # a clear RuntimeError without CUDA
+
+
+def _consumer_stream(runtime: Any) -> int:
+    """The stream the training loop's work runs on now: torch's current stream on
+    the device (0, CUDA's default stream, without torch's CUDA)."""
+    if not runtime.is_cuda:
+        return 0
+    import torch
+
+    if not torch.cuda.is_available():
+        return 0
+    index = int(runtime.name.partition(":")[2])
+    return int(torch.cuda.current_stream(index).cuda_stream)
+
+
 def _budget_bytes(memory_budget: int | str | None) -> int | None:
     if memory_budget is None:
         return None
@@ -78,6 +123,17 @@ class Loader:
     ``state_dict()``/``load_state_dict()``: save and resume the position
     (epoch, global samples consumed) in O(1) time and space.
 
+    ``device``: ``"cuda"``, ``"cuda:N"`` or a ``torch.device``: batch slots are
+    page-locked in place (no pinned copy per batch) and each batch is copied to
+    the GPU on a stream of its own, up to ``prefetch_to_device`` batches ahead
+    of the one delivered; the stream current at ``next()`` waits for the copy
+    (no host sync), and a host slot is reused once its copy is done.
+    ``device_bill()`` is the GPU memory this takes: ``prefetch_to_device + 2``
+    batches (those copied ahead, the one delivered and the previous one the
+    loop still holds). Use each batch on the stream that was current when it
+    was delivered. Needs the CUDA runtime (a CUDA build of torch or libcudart);
+    without it ``device="cuda"`` raises ``RuntimeError``. See docs/gpu.md.
+
     ``follow_updates``: a source that can change (a ``TensorCache`` rebuilt
     with more entries) is read through immutable snapshots, one per epoch.
     ``True`` (default): each epoch starts on the source's current contents;
@@ -103,6 +159,8 @@ class Loader:
         rank: int | None = None,
         world_size: int | None = None,
         follow_updates: bool = True,
+        device: Any = None,
+        prefetch_to_device: int = 1,
     ) -> None:
         self.source = as_source(source)
         self.output = output or _default_output()
@@ -112,6 +170,18 @@ class Loader:
             import torch  # noqa: F401  (fail here, clearly, when torch is missing)
         self.batch_size = batch_size
         self.rank, self.world_size = resolve_rank(rank, world_size)
+        self._feed = None
+        self._runtime = None
+        self._pinning = None
+        if device is not None:
+            if collate != "stack":
+                raise ValueError("device= needs collate='stack' (one tensor per field)")
+            if isinstance(prefetch_to_device, bool) or not isinstance(prefetch_to_device, int):
+                raise TypeError("prefetch_to_device must be an int")
+            if prefetch_to_device < 0:
+                raise ValueError(f"prefetch_to_device must be >= 0, got {prefetch_to_device}")
+            self._runtime = _device_runtime(device, self.output)
+            self._pinning = _core.HostPinning(self._runtime)
         self._core = _core.Loader(
             self.source,
             batch_size=batch_size,
@@ -128,7 +198,10 @@ class Loader:
             rank=self.rank,
             world_size=self.world_size,
             follow_updates=follow_updates,
+            pinning=self._pinning,
         )
+        if self._runtime is not None:
+            self._feed = _core.DeviceFeed(self._runtime, self._core.slot_bytes, prefetch_to_device)
         self.last_indices: list[int] = []
 
     def __len__(self) -> int:
@@ -167,15 +240,39 @@ class Loader:
         the source's cache budget (``HDF5Source``'s decoded chunks)."""
         return self._core.memory_bill()
 
+    def device_bill(self) -> int:
+        """Planned device bytes with ``device=``: ``(prefetch_to_device + 2) ×`` the
+        batch slot size; 0 without a device."""
+        return self._feed.device_bill if self._feed is not None else 0
+
     def stats(self) -> dict[str, Any]:
-        """Time per stage (seconds), slots in use, bytes in flight, samples skipped."""
-        return self._core.stats()
+        """Time per stage (seconds), slots in use, bytes in flight, samples skipped;
+        with ``device=``: ``pinned_bytes`` (slots page-locked now),
+        ``device_resident_bytes``, ``device_copies_completed``."""
+        stats = self._core.stats()
+        if self._feed is not None:
+            stats["pinned_bytes"] = self._pinning.pinned_bytes
+            stats["device_resident_bytes"] = self._feed.device_resident_bytes
+            stats["device_copies_completed"] = self._feed.copies_completed
+            stats["device_overflow_total"] = self._feed.overflow_total
+        return stats
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         iterator = self._core.iterate()
+        feed = self._feed
+        if feed is not None:
+            feed.reset()
         try:
             while True:
-                item = iterator.next_batch(self.source, self.output)
+                if feed is None:
+                    item = iterator.next_batch(self.source, self.output)
+                else:
+                    stream = _consumer_stream(self._runtime)
+                    item = iterator.next_batch(self.source, self.output, feed, stream)
+                    if not self._runtime.is_cuda:
+                        # The stand-in's "device" is host memory read by this
+                        # thread: wait as a stream would.
+                        self._runtime.drain(stream)
                 if item is None:
                     break
                 batch, self.last_indices = item
@@ -193,6 +290,7 @@ class Loader:
 
     def close(self) -> None:
         """Stops the worker threads; the loader cannot iterate afterwards."""
+        self._feed = None  # waits for its copies in flight
         self._core.close()
 
     def __enter__(self) -> Loader:

@@ -21,13 +21,31 @@ class PoolSlot final : public Storage {
   bool overflow_;
 };
 
-BatchPool::BatchPool(size_t slot_bytes, size_t num_slots)
-    : slot_bytes_(slot_bytes), num_slots_(num_slots), owner_pid_(::getpid()) {}
+BatchPool::BatchPool(size_t slot_bytes, size_t num_slots, std::shared_ptr<SlotMemoryHooks> hooks)
+    : slot_bytes_(slot_bytes),
+      num_slots_(num_slots),
+      hooks_(std::move(hooks)),
+      owner_pid_(::getpid()) {}
 
-std::shared_ptr<BatchPool> BatchPool::create(size_t slot_bytes, size_t num_slots) {
-  std::shared_ptr<BatchPool> pool(new BatchPool(slot_bytes, num_slots));
+std::shared_ptr<BatchPool> BatchPool::create(size_t slot_bytes, size_t num_slots,
+                                             std::shared_ptr<SlotMemoryHooks> hooks) {
+  std::shared_ptr<BatchPool> pool(new BatchPool(slot_bytes, num_slots, std::move(hooks)));
   pool->free_.reserve(num_slots);  // release() must not allocate
   return pool;
+}
+
+std::shared_ptr<HeapStorage> BatchPool::allocate_block() const {
+  std::shared_ptr<HeapStorage> block = HeapStorage::allocate(slot_bytes_);
+  if (!hooks_) return block;
+  hooks_->on_create(block->data(), block->size());  // a throw frees the block
+  // The hooks see the block again just before its memory goes: the deleter
+  // runs wherever the last reference dies (release(), trim(), the pool's end).
+  HeapStorage* raw = block.get();
+  return std::shared_ptr<HeapStorage>(
+      raw, [hooks = hooks_, owner = std::move(block)](HeapStorage* b) mutable noexcept {
+        hooks->on_destroy(b->data(), b->size());
+        owner.reset();
+      });
 }
 
 std::shared_ptr<Storage> BatchPool::acquire(std::chrono::milliseconds patience) {
@@ -57,7 +75,7 @@ std::shared_ptr<Storage> BatchPool::acquire(std::chrono::milliseconds patience) 
   }
   if (block == nullptr) {
     try {
-      block = HeapStorage::allocate(slot_bytes_);
+      block = allocate_block();
     } catch (...) {
       std::lock_guard lock(mutex_);
       if (overflow) {

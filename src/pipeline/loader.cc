@@ -135,7 +135,7 @@ Loader::Loader(std::shared_ptr<const Source> source, LoaderOptions options)
   }
   prefetch_ = static_cast<int>(std::min<size_t>(static_cast<size_t>(options_.prefetch),
                                                 std::max<size_t>(1, num_slots_ - 2)));
-  pool_ = BatchPool::create(slot_bytes_, num_slots_);
+  pool_ = BatchPool::create(slot_bytes_, num_slots_, options_.slot_hooks);
 
   auto available = options_.available_memory;
   if (!available) available = [] { return static_cast<size_t>(available_memory_bytes()); };

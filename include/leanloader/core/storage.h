@@ -12,6 +12,8 @@
 #include <memory>
 #include <string>
 
+#include "leanloader/core/device_location.h"
+
 namespace leanloader {
 
 enum class StorageKind {
@@ -19,6 +21,7 @@ enum class StorageKind {
   kMapped,    // a read-only mapping of a file (page cache, reclaimable)
   kPoolSlot,  // a BatchPool slot, returned to the pool on release
   kExternal,  // memory owned by someone else (a NumPy array), kept alive by a callback
+  kDevice,    // a block of accelerator memory (device/device_feed.h)
 };
 
 class Storage {
@@ -30,6 +33,9 @@ class Storage {
   std::byte* data() const noexcept { return data_; }
   size_t size() const noexcept { return size_; }
   StorageKind kind() const noexcept { return kind_; }
+  // Where the bytes are: host memory unless a device Storage says otherwise
+  // (data() is then a device address, not to be dereferenced on the host).
+  virtual DeviceLocation device() const noexcept { return {}; }
 
  protected:
   Storage(std::byte* data, size_t size, StorageKind kind) : data_(data), size_(size), kind_(kind) {}

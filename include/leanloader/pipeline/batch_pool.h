@@ -26,12 +26,15 @@
 #include <vector>
 
 #include "leanloader/core/storage.h"
+#include "leanloader/pipeline/slot_memory_hooks.h"
 
 namespace leanloader {
 
 class BatchPool : public std::enable_shared_from_this<BatchPool> {
  public:
-  static std::shared_ptr<BatchPool> create(size_t slot_bytes, size_t num_slots);
+  // `hooks` (optional) sees every block, pooled or overflow, created and freed.
+  static std::shared_ptr<BatchPool> create(size_t slot_bytes, size_t num_slots,
+                                           std::shared_ptr<SlotMemoryHooks> hooks = nullptr);
 
   // A slot: a pooled block; when every slot is held, waits up to `patience`
   // for one to come back (the consumer is usually about to drop its previous
@@ -57,11 +60,14 @@ class BatchPool : public std::enable_shared_from_this<BatchPool> {
 
  private:
   friend class PoolSlot;
-  BatchPool(size_t slot_bytes, size_t num_slots);
+  BatchPool(size_t slot_bytes, size_t num_slots, std::shared_ptr<SlotMemoryHooks> hooks);
+  // A new block, seen by the hooks (which see it again just before it is freed).
+  std::shared_ptr<HeapStorage> allocate_block() const;
   void release(std::shared_ptr<HeapStorage> block, bool overflow) noexcept;
 
   const size_t slot_bytes_;
   const size_t num_slots_;
+  const std::shared_ptr<SlotMemoryHooks> hooks_;
   const pid_t owner_pid_;  // in a forked child, released slots are not pooled
   mutable std::mutex mutex_;
   std::condition_variable returned_;

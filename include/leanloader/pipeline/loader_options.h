@@ -4,7 +4,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
+
+#include "leanloader/pipeline/slot_memory_hooks.h"
 
 namespace leanloader {
 
@@ -46,6 +49,9 @@ struct LoaderOptions {
   // current snapshot (len() changes then, with a warning in the epoch's first
   // batch). false: the Loader keeps the snapshot it was made with.
   bool follow_updates = true;
+  // Sees every batch slot's memory created and freed (page-locking slots in
+  // place for a device: device/host_pinning.h). Unset: plain memory.
+  std::shared_ptr<SlotMemoryHooks> slot_hooks;
 };
 
 // The budget `memory_budget="auto"` stands for: a quarter of the memory

@@ -1,0 +1,107 @@
+"""GPU tests of the device feed (`make test-gpu`; not part of `make test`).
+
+They need a CUDA build of torch and an NVIDIA GPU, and skip with a reason
+otherwise. Run them on a machine with a GPU and quote the results.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import leanloader as ll  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA build of torch and an NVIDIA GPU"
+)
+
+
+def arrays(n: int = 512, width: int = 1 << 16) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return {
+        "x": rng.standard_normal((n, width), dtype=np.float32),
+        "label": np.arange(n, dtype=np.int64),
+    }
+
+
+def test_batches_on_the_device_equal_the_host_batches():
+    data = arrays()
+    on_device = ll.Loader(data, batch_size=64, shuffle=True, seed=1, device="cuda")
+    on_host = ll.Loader(data, batch_size=64, shuffle=True, seed=1)
+    for _epoch in range(2):
+        for device_batch, host_batch in zip(on_device, on_host, strict=True):
+            assert device_batch["x"].is_cuda
+            assert torch.equal(device_batch["x"].cpu(), host_batch["x"])
+            assert torch.equal(device_batch["label"].cpu(), host_batch["label"])
+
+
+def test_slots_are_page_locked_in_place_not_copied():
+    loader = ll.Loader(arrays(), batch_size=64, device="cuda")
+    host = ll.Loader(arrays(), batch_size=64)
+    for _batch in loader:
+        pass
+    stats = loader.stats()
+    assert stats["pinned_bytes"] == stats["resident_bytes"] > 0
+    # The same slot memory is registered: no pinned staging buffer exists.
+    assert stats["pinned_bytes"] <= loader.memory_bill()
+    del host
+
+
+def test_copies_overlap_with_a_busy_compute_stream():
+    data = arrays(n=256, width=1 << 18)  # 64 MiB batches of 64
+    loader = ll.Loader(data, batch_size=64, device="cuda", prefetch_to_device=1)
+    a = torch.randn(4096, 4096, device="cuda")
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    steps = 0
+    for batch in loader:
+        for _ in range(4):
+            a = a @ a / 4096  # a busy kernel on the current stream
+        batch["x"].sum()
+        steps += 1
+    torch.cuda.synchronize()
+    with_loader = time.perf_counter() - start
+    resident = data["x"][:64].copy()
+    resident_batch = torch.from_numpy(resident).cuda()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(steps):
+        for _ in range(4):
+            a = a @ a / 4096
+        resident_batch.sum()
+    torch.cuda.synchronize()
+    resident_time = time.perf_counter() - start
+    print(f"step time with the loader {with_loader / steps * 1e3:.2f} ms, data resident "
+          f"{resident_time / steps * 1e3:.2f} ms")  # fmt: skip
+    assert with_loader <= resident_time * 1.5
+
+
+def test_no_pinned_memory_leaks_over_thirty_epochs():
+    loader = ll.Loader(arrays(n=256), batch_size=64, device="cuda")
+    peaks = []
+    for _epoch in range(30):
+        for _batch in loader:
+            pass
+        peaks.append(loader.stats()["pinned_bytes"])
+    assert max(peaks) == peaks[0] <= loader.memory_bill()
+    loader.close()
+    del loader, _batch
+    gc.collect()
+
+
+def test_nvml_process_figure_is_close_to_torchs():
+    report = ll.memory_report()
+    if report["gpu"] is None:
+        pytest.skip("no NVML")
+    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    report = ll.memory_report()
+    used = report["gpu"][torch.cuda.current_device()]["used_bytes"]
+    # Device-level figure (per-process NVML figures are not reported yet): at
+    # least what torch allocated.
+    assert used >= torch.cuda.memory_allocated()
+    del x
