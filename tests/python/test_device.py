@@ -101,3 +101,18 @@ def test_without_a_device_there_is_no_device_bill():
     loader = ll.Loader(arrays(), batch_size=4)
     assert loader.device_bill() == 0
     assert "pinned_bytes" not in loader.stats()
+
+
+def test_bench_gpu_says_it_needs_a_gpu(tmp_path):
+    import subprocess
+    import sys
+
+    if ll._core.cuda_device_count() > 0:
+        pytest.skip("a GPU is present")
+    result = subprocess.run(
+        [sys.executable, "-m", "leanloader.cli", "bench", "gpu", "--quick", "--data-dir",
+         str(tmp_path)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "bench gpu needs a CUDA device" in result.stderr

@@ -28,6 +28,7 @@ from typing import Any
 # Scenario name -> module that defines SCENARIO. Add a line per new scenario.
 SCENARIO_MODULES: dict[str, str] = {
     "arrays": "leanloader.bench.scenarios.arrays",
+    "gpu": "leanloader.bench.scenarios.gpu",
     "hdf5": "leanloader.bench.scenarios.hdf5",
     "images": "leanloader.bench.scenarios.images",
     "largebatch": "leanloader.bench.scenarios.largebatch",
