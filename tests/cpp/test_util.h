@@ -6,14 +6,29 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "leanloader/core/dtype.h"
 #include "leanloader/core/tensor.h"
+#include "leanloader/sources/array_source.h"
 
 namespace leanloader::testing {
+
+// An ArraySource of `size` samples: field "id" (int64, = index) and field
+// "x" (4 floats, = index * 10 + column).
+inline std::shared_ptr<ArraySource> id_source(int64_t size) {
+  auto ids = HeapStorage::allocate(static_cast<size_t>(size) * 8);
+  auto xs = HeapStorage::allocate(static_cast<size_t>(size) * 16);
+  for (int64_t i = 0; i < size; ++i) {
+    reinterpret_cast<int64_t*>(ids->data())[i] = i;
+    for (int c = 0; c < 4; ++c) reinterpret_cast<float*>(xs->data())[i * 4 + c] = float(i * 10 + c);
+  }
+  return std::make_shared<ArraySource>(std::vector<ArraySource::Field>{
+      {"id", Tensor(ids, 0, DType::kI64, {size})}, {"x", Tensor(xs, 0, DType::kF32, {size, 4})}});
+}
 
 // A fresh directory removed (recursively) when the object dies.
 class TempDir {

@@ -23,21 +23,9 @@ namespace leanloader {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::id_source;
 using testing::TempDir;
 using testing::write_npy;
-
-// An ArraySource of `size` samples: field "id" (int64, = index) and field
-// "x" (4 floats, = index * 10 + column).
-std::shared_ptr<ArraySource> id_source(int64_t size) {
-  auto ids = HeapStorage::allocate(static_cast<size_t>(size) * 8);
-  auto xs = HeapStorage::allocate(static_cast<size_t>(size) * 16);
-  for (int64_t i = 0; i < size; ++i) {
-    reinterpret_cast<int64_t*>(ids->data())[i] = i;
-    for (int c = 0; c < 4; ++c) reinterpret_cast<float*>(xs->data())[i * 4 + c] = float(i * 10 + c);
-  }
-  return std::make_shared<ArraySource>(std::vector<ArraySource::Field>{
-      {"id", Tensor(ids, 0, DType::kI64, {size})}, {"x", Tensor(xs, 0, DType::kF32, {size, 4})}});
-}
 
 // Runs one pass and returns every batch.
 std::vector<Batch> run_epoch(Loader& loader) {
