@@ -3,6 +3,7 @@
 #include <nanobind/stl/string.h>
 
 #include "bindings.h"
+#include "leanloader/memory/loader_memory_plan.h"
 #include "leanloader/memory/planner.h"
 
 namespace nb = nanobind;
@@ -158,6 +159,42 @@ void bind_planner(nb::module_& m) {
   m.def("recommended_workers", &Planner::recommended_workers, nb::arg("unified"),
         nb::arg("total_memory_gb"), nb::arg("host_memory_gb") = 0.0, nb::arg("cpu_count") = 0);
   m.def("per_sample_gb", &Planner::per_sample_gb, nb::arg("resolution"));
+  m.def(
+      "plan_loader_memory",
+      [](size_t batch_bytes, int workers, int prefetch, bool pin_memory, bool device,
+         int prefetch_to_device, size_t worker_process_bytes) {
+        LoaderMemoryInput input;
+        input.batch_bytes = batch_bytes;
+        input.workers = workers;
+        input.prefetch = prefetch;
+        input.pin_memory = pin_memory;
+        input.device = device;
+        input.prefetch_to_device = prefetch_to_device;
+        input.worker_process_bytes = worker_process_bytes;
+        const LoaderMemoryPlan plan = plan_loader_memory(input);
+        auto rows = [](const std::vector<MemoryComponent>& components) {
+          nb::list out;
+          auto row = [](const MemoryComponent& c) {
+            nb::dict d;
+            d["component"] = c.name;
+            d["host_bytes"] = c.host_bytes;
+            d["pinned_bytes"] = c.pinned_bytes;
+            d["device_bytes"] = c.device_bytes;
+            return d;
+          };
+          for (const MemoryComponent& c : components) out.append(row(c));
+          out.append(row(total_of(components)));
+          return out;
+        };
+        nb::dict out;
+        out["leanloader"] = rows(plan.leanloader);
+        out["torch"] = rows(plan.torch);
+        return out;
+      },
+      nb::arg("batch_bytes"), nb::arg("workers"), nb::arg("prefetch"), nb::arg("pin_memory"),
+      nb::arg("device"), nb::arg("prefetch_to_device"), nb::arg("worker_process_bytes"),
+      "Host, pinned and device bytes per component of a loader configuration, leanloader's and "
+      "torch DataLoader's (the last row of each list is the total).");
   m.def(
       "parse_memory_size_gb", [](const std::string& text) { return parse_memory_size_gb(text); },
       nb::arg("text"),

@@ -255,3 +255,55 @@ def test_memory_auto_detects_unified_through_the_override(capsys, monkeypatch):
     code = main(["estimate", "--model", "sd1", "--resolution", "512", "--memory", "auto"])
     assert code == 2
     assert "no GPU memory" in capsys.readouterr().err
+
+
+# -- a loader configuration (seed 004's hand calculation) ---------------------
+
+SEED_004 = ["--sample", "fmri=150x150x100:float32", "--sample", "image=3x425x425:float32",
+            "--batch-size", "32", "--workers", "4", "--prefetch", "2"]  # fmt: skip
+
+
+def totals(rows: list[dict]) -> dict:
+    assert rows[-1]["component"] == "total"
+    return rows[-1]
+
+
+def test_loader_estimate_of_seed_004_by_hand(capsys):
+    out = estimate_json(capsys, *SEED_004, "--pin-memory", "--device", "cuda")
+    batch = 32 * (150 * 150 * 100 * 4 + 3 * 425 * 425 * 4)
+    assert out["batch_bytes"] == batch == 357_360_000  # the seed's "~357 MB per batch"
+    worker = 500 * 10**6  # --worker-memory 500MB
+    torch_total = totals(out["torch"])
+    # 8 batches in the workers + 1 held, 9 page-locked copies, 4 workers; 2 on the GPU.
+    assert torch_total["host_bytes"] == 9 * batch + 9 * batch + 4 * worker
+    assert torch_total["pinned_bytes"] == 9 * batch
+    assert torch_total["device_bytes"] == 2 * batch
+    ours = totals(out["leanloader"])
+    # ll.Loader: prefetch + 2 slots, page-locked in place; prefetch_to_device + 2 on the GPU.
+    assert ours == {"component": "total", "host_bytes": 4 * batch, "pinned_bytes": 4 * batch,
+                    "device_bytes": 3 * batch}  # fmt: skip
+    out = estimate_json(capsys, *SEED_004, "--dataloader")
+    assert totals(out["leanloader"])["host_bytes"] == 9 * batch + 4 * worker
+
+
+def test_loader_estimate_text_names_every_component(capsys):
+    assert main(["estimate", *SEED_004, "--pin-memory", "--device", "cuda"]) == 0
+    text = capsys.readouterr().out
+    for words in ["batch slots (prefetch + 2)", "device blocks (prefetch_to_device + 2)",
+                  "pin_memory copies", "worker processes", "357 MB"]:  # fmt: skip
+        assert words in text
+
+
+@pytest.mark.parametrize(
+    "spec,match",
+    [("fmri150x150:float32", "NAME=DIMS:DTYPE"), ("x=3xA:float32", "not numbers"),
+     ("x=3x0:float32", "positive"), ("x=3x3:float99", "unknown dtype")],
+)  # fmt: skip
+def test_loader_estimate_names_a_bad_sample_spec(capsys, spec, match):
+    assert main(["estimate", "--sample", spec, "--batch-size", "4"]) == 2
+    assert match in capsys.readouterr().err
+
+
+def test_training_estimate_still_needs_its_arguments(capsys):
+    assert main(["estimate", "--model", "flux"]) == 2
+    assert "--resolution, --memory" in capsys.readouterr().err

@@ -26,7 +26,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="estimate training memory, batch size and workers (seed 001's model)",
         description=(
             "Estimate the memory a diffusion-model training run needs and the batch size "
-            "and DataLoader workers that fit (ai-toolkit's estimator, seed 001). Without "
+            "and DataLoader workers that fit (ai-toolkit's estimator, seed 001; needs --model, "
+            "--resolution and --memory), or, with --sample, the host RAM, pinned memory and "
+            "VRAM a loader configuration takes per component, leanloader's and torch "
+            "DataLoader's with the same arguments (seed 004's calculation). Without "
             "--unified, SIZE is a discrete GPU's VRAM. Optimizer and EMA are charged as the "
             "seed does (AdamW = 2x the whole model, EMA = 1 GB) unless --training lora "
             "--rank R, --training full or --trainable-params N says what is trained."
@@ -34,21 +37,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--model",
-        required=True,
         choices=ARCHITECTURES,
         metavar="ARCH",
         help="architecture: " + ", ".join(ARCHITECTURES),
     )
     parser.add_argument(
         "--resolution",
-        required=True,
         type=int,
         metavar="N",
         help="training resolution in pixels (N x N)",
     )
     parser.add_argument(
         "--memory",
-        required=True,
         metavar="SIZE",
         help="120GB, 120 (GB), 96GiB, ... or 'auto' to read this machine "
         "(cgroup-aware; unified memory detected)",
@@ -82,8 +82,120 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         metavar="N",
         help="size optimizer and EMA from N trained parameters",
     )
+    loader = parser.add_argument_group(
+        "a loader configuration (with --sample)",
+        "ll.Loader: (prefetch + 2) batch slots, page-locked in place with --device or "
+        "--pin-memory; (prefetch-to-device + 2) batches on the device. ll.DataLoader "
+        "(--dataloader) and torch: prefetch x workers batches in flight + 1 held, a process "
+        "per worker (--worker-memory each); torch's pin_memory copies each batch once more "
+        "into page-locked memory; .to(device) holds the new and the old batch on the device.",
+    )
+    loader.add_argument(
+        "--sample",
+        action="append",
+        metavar="NAME=DIMS:DTYPE",
+        help="a field of one sample, e.g. fmri=150x150x100:float32 (repeat per field)",
+    )
+    loader.add_argument("--batch-size", type=int, metavar="N", help="samples per batch")
+    loader.add_argument(
+        "--prefetch", type=int, default=2, metavar="N", help="prefetch / prefetch_factor (2)"
+    )
+    loader.add_argument("--pin-memory", action="store_true", help="page-locked host batches")
+    loader.add_argument("--device", metavar="cuda", help="batches go to this GPU")
+    loader.add_argument("--prefetch-to-device", type=int, default=1, metavar="N")
+    loader.add_argument(
+        "--dataloader",
+        action="store_true",
+        help="leanloader's side is ll.DataLoader with --workers processes (else ll.Loader)",
+    )
+    loader.add_argument(
+        "--worker-memory",
+        default="500MB",
+        metavar="SIZE",
+        help="a worker process's own memory (Python, torch; default 500MB as seed 004)",
+    )
     parser.add_argument("--json", action="store_true", help="print the estimate as JSON")
     parser.set_defaults(func=run)
+
+
+def sample_bytes(specs: list[str]) -> int:
+    """Bytes of one sample from NAME=DIMS:DTYPE specs; ValueError naming the bad part."""
+    import numpy as np
+
+    total = 0
+    for spec in specs:
+        name, equals, rest = spec.partition("=")
+        dims, colon, dtype = rest.partition(":")
+        if not equals or not colon or not name:
+            raise ValueError(
+                f"--sample {spec!r}: expected NAME=DIMS:DTYPE, e.g. x=3x224x224:float32"
+            )
+        try:
+            shape = [int(d) for d in dims.lower().split("x")]
+        except ValueError:
+            raise ValueError(
+                f"--sample {spec!r}: dims {dims!r} are not numbers like 3x224x224"
+            ) from None
+        if any(d <= 0 for d in shape):
+            raise ValueError(f"--sample {spec!r}: dims must be positive")
+        try:
+            itemsize = np.dtype(dtype).itemsize
+        except TypeError:
+            raise ValueError(f"--sample {spec!r}: unknown dtype {dtype!r}") from None
+        total += math.prod(shape) * itemsize
+    return total
+
+
+def _mb(value: int) -> str:
+    return f"{value / 1e6:,.0f} MB" if value else "-"
+
+
+def _loader_table(title: str, rows: list[dict]) -> list[str]:
+    lines = [title, f"  {'component':<52}{'host RAM':>12}{'pinned':>12}{'VRAM':>12}"]
+    for row in rows:
+        if row["component"] == "total":
+            lines.append("  " + "-" * 88)
+        lines.append(
+            f"  {row['component']:<52}{_mb(row['host_bytes']):>12}"
+            f"{_mb(row['pinned_bytes']):>12}{_mb(row['device_bytes']):>12}"
+        )
+    return lines
+
+
+def run_loader(args: argparse.Namespace) -> int:
+    from leanloader import _core
+
+    try:
+        if not args.batch_size or args.batch_size < 1:
+            raise ValueError("--batch-size N (>= 1) is needed with --sample")
+        batch = sample_bytes(args.sample) * args.batch_size
+        workers = 2 if args.workers is None else args.workers
+        worker_memory = _core.parse_byte_size(args.worker_memory)
+        common = dict(batch_bytes=batch, prefetch=args.prefetch, pin_memory=args.pin_memory,
+                      device=bool(args.device), prefetch_to_device=args.prefetch_to_device,
+                      worker_process_bytes=worker_memory)  # fmt: skip
+        ours = _core.plan_loader_memory(workers=workers if args.dataloader else 0, **common)
+        theirs = _core.plan_loader_memory(workers=workers, **common)
+    except (ValueError, RuntimeError) as error:
+        print(f"leanloader estimate: {error}", file=sys.stderr)
+        return 2
+    result = {"batch_bytes": batch, "leanloader": ours["leanloader"], "torch": theirs["torch"]}
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    side = f"ll.DataLoader, {workers} workers" if args.dataloader else "ll.Loader, native threads"
+    extras = ", pin_memory" if args.pin_memory else ""
+    extras += f", to {args.device}" if args.device else ""
+    lines = [f"batch of {args.batch_size}: {_mb(batch)} ({', '.join(args.sample)})", ""]
+    lines += _loader_table(f"leanloader ({side}, prefetch {args.prefetch}{extras})",
+                           result["leanloader"])  # fmt: skip
+    lines.append("")
+    lines += _loader_table(
+        f"torch DataLoader ({workers} workers, prefetch_factor {args.prefetch}{extras})",
+        result["torch"],
+    )
+    print("\n".join(lines))
+    return 0
 
 
 def _gb(value: float) -> str:
@@ -150,6 +262,17 @@ def _format_text(plan: dict, args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.sample:
+        return run_loader(args)
+    missing = [flag for flag, value in (("--model", args.model), ("--resolution",
+               args.resolution), ("--memory", args.memory)) if value is None]  # fmt: skip
+    if missing:
+        print(
+            f"leanloader estimate: the training estimate needs {', '.join(missing)} "
+            "(or --sample ... for a loader configuration)",
+            file=sys.stderr,
+        )
+        return 2
     if args.training == "lora" and not args.rank and not args.trainable_params:
         print(
             "leanloader estimate: --training lora needs --rank R (or --trainable-params N)",
