@@ -1,8 +1,8 @@
 #include "leanloader/device/host_stand_in_runtime.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <new>
 #include <thread>
 
 #include "leanloader/core/error.h"
@@ -106,7 +106,9 @@ void HostStandInRuntime::unregister_host(std::byte* data) noexcept {
 }
 
 std::byte* HostStandInRuntime::allocate(size_t bytes) {
-  auto* data = static_cast<std::byte*>(::operator new(bytes == 0 ? 1 : bytes, std::nothrow));
+  // malloc/free, not operator new: a test binary may replace the global
+  // operator new/delete pair (job_failure_test.cc), not its nothrow form.
+  auto* data = static_cast<std::byte*>(std::malloc(bytes == 0 ? 1 : bytes));
   if (data == nullptr) {
     throw OutOfMemory("host stand-in: cannot allocate " + std::to_string(bytes) + " bytes");
   }
@@ -120,7 +122,7 @@ void HostStandInRuntime::free(std::byte* data) noexcept {
     std::lock_guard lock(mutex_);
     allocated_.erase(data);
   }
-  ::operator delete(data);
+  std::free(data);
 }
 
 DeviceRuntime::Stream HostStandInRuntime::create_stream() {
