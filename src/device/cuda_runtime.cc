@@ -162,7 +162,11 @@ void CudaRuntime::register_host(std::byte* data, size_t bytes) {
         "cudaHostRegister");
 }
 
-void CudaRuntime::unregister_host(std::byte* data) noexcept { api_->host_unregister(data); }
+void CudaRuntime::unregister_host(std::byte* data) noexcept {
+  // Errors are ignored: this runs as memory is freed, possibly after the CUDA
+  // context is gone at process exit (the registration then went with it).
+  if (api_->set_device(device_index_) == detail::kCudaSuccess) api_->host_unregister(data);
+}
 
 std::byte* CudaRuntime::allocate(size_t bytes) {
   select_device();
