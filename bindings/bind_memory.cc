@@ -66,6 +66,14 @@ nb::object gpus_to_object(const std::optional<std::vector<GpuMemory>>& gpus) {
     d["total_bytes"] = g.total_bytes;
     d["used_bytes"] = g.used_bytes;
     d["free_bytes"] = g.free_bytes;
+    nb::list processes;
+    for (const auto& [pid, bytes] : g.process_bytes) {
+      nb::dict p;
+      p["pid"] = pid;
+      p["used_bytes"] = optional_bytes(bytes);
+      processes.append(p);
+    }
+    d["processes"] = processes;
     out.append(d);
   }
   return out;
@@ -119,12 +127,19 @@ void bind_memory(nb::module_& m) {
         }
         nb::dict out;
         nb::list process_list;
+        uint64_t tree_gpu_bytes = 0;
+        bool tree_gpu_known = gpus.has_value();
         for (const ProcessMemory& process : processes) {
           nb::dict d;
           d["pid"] = process.pid;
           d["name"] = process.name;
           put_bytes(d, process);
           d["from_smaps_rollup"] = process.from_smaps_rollup;
+          std::optional<uint64_t> on_gpu;
+          if (gpus) on_gpu = process_gpu_bytes(*gpus, process.pid);
+          d["gpu_bytes"] = optional_bytes(on_gpu);
+          if (!on_gpu) tree_gpu_known = false;
+          tree_gpu_bytes += on_gpu.value_or(0);
           process_list.append(d);
         }
         out["processes"] = process_list;
@@ -132,6 +147,7 @@ void bind_memory(nb::module_& m) {
         put_bytes(total, totals);
         total["fd_shmem_bytes"] = totals.fd_shmem_bytes;
         total["unreclaimable_bytes"] = totals.unreclaimable_bytes();
+        total["gpu_bytes"] = tree_gpu_known ? nb::cast(tree_gpu_bytes) : nb::object(nb::none());
         out["total"] = total;
         out["shared_files"] = shared_files_to_dict(held);
         nb::dict system_dict;

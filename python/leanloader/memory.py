@@ -53,7 +53,11 @@ def memory_report(
     {"memory_max_bytes", "memory_current_bytes"} or None, "gpu": [...] or None}``.
     ``cgroup["memory_max_bytes"]`` is None when no level of the cgroup path is
     limited; ``gpu`` is None without NVML (no NVIDIA driver), else one dict per
-    GPU (``index, name, total_bytes, used_bytes, free_bytes, memory_info_supported``).
+    GPU (``index, name, total_bytes, used_bytes, free_bytes, memory_info_supported,
+    processes``: ``[{"pid", "used_bytes"}]`` from NVML's compute and graphics
+    lists, ``used_bytes`` None where the driver gives no figure). Each process
+    and the total have ``gpu_bytes``: GPU memory summed over the GPUs (None
+    without NVML, or where a figure is missing).
     ``shared_files`` is the shared memory held by the tree's descriptors, each
     file once, attributed to the first process holding it (its "owner"):
     ``mapped_bytes`` of it are in ``pss_shmem_bytes``, the rest is
@@ -63,13 +67,14 @@ def memory_report(
     """
     snapshot = _core.memory_snapshot(os.getpid() if pid is None else int(pid), tree, root, gpu)
     processes = [
-        {"pid": p["pid"], "name": p["name"], **{key: p[key] for key in BYTE_KEYS}}
+        {"pid": p["pid"], "name": p["name"], **{key: p[key] for key in BYTE_KEYS},
+         "gpu_bytes": p["gpu_bytes"]}
         for p in snapshot["processes"]
-    ]
+    ]  # fmt: skip
     cgroup = snapshot["cgroup"]
     return {
         "processes": processes,
-        "total": {key: snapshot["total"][key] for key in (*BYTE_KEYS, *TOTAL_KEYS)},
+        "total": {key: snapshot["total"][key] for key in (*BYTE_KEYS, *TOTAL_KEYS, "gpu_bytes")},
         "shared_files": snapshot["shared_files"],
         "system": {
             "mem_total_bytes": snapshot["system"]["mem_total_bytes"],

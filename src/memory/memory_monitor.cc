@@ -737,6 +737,18 @@ uint64_t MemoryMonitor::total_memory_bytes() const {
   return total;
 }
 
+std::optional<uint64_t> process_gpu_bytes(const std::vector<GpuMemory>& gpus, int pid) {
+  if (pid < 0) return 0;
+  uint64_t total = 0;
+  for (const GpuMemory& gpu : gpus) {
+    const auto found = gpu.process_bytes.find(static_cast<uint32_t>(pid));
+    if (found == gpu.process_bytes.end()) continue;
+    if (!found->second) return std::nullopt;
+    total += *found->second;
+  }
+  return total;
+}
+
 std::optional<std::vector<GpuMemory>> MemoryMonitor::read_gpus() const {
   return detail::query_nvml_gpus();
 }

@@ -3,6 +3,9 @@
 #include <dlfcn.h>
 
 #include <mutex>
+#include <vector>
+
+#include "memory/nvml_process.h"
 
 namespace leanloader::detail {
 
@@ -28,8 +31,35 @@ struct NvmlApi {
   NvmlReturn (*device_handle)(unsigned, NvmlDevice*) = nullptr;
   NvmlReturn (*device_name)(NvmlDevice, char*, unsigned) = nullptr;
   NvmlReturn (*device_memory)(NvmlDevice, NvmlMemory*) = nullptr;
+  // Optional (per-process figures): the _v2 entry points and their 24-byte
+  // records, else the unversioned ones and 16-byte records (nvml_process.h).
+  using RunningProcesses = NvmlReturn (*)(NvmlDevice, unsigned*, void*);
+  RunningProcesses compute_processes = nullptr;
+  RunningProcesses graphics_processes = nullptr;
+  size_t process_record_bytes = 0;
   bool loaded = false;
 };
+
+constexpr NvmlReturn kNvmlInsufficientSize = 7;  // NVML_ERROR_INSUFFICIENT_SIZE
+
+// Adds one of a device's process lists to `out`; a list that cannot be read
+// is left out (the device's own figures still stand).
+void add_processes(NvmlApi::RunningProcesses list, NvmlDevice device, size_t stride,
+                   GpuProcessBytes& out) {
+  if (list == nullptr) return;
+  unsigned count = 0;
+  NvmlReturn status = list(device, &count, nullptr);
+  std::vector<std::byte> records;
+  for (int attempt = 0; attempt < 3 && status == kNvmlInsufficientSize; ++attempt) {
+    const std::optional<size_t> capacity = nvml_grow_capacity(count, stride);
+    if (!capacity) return;
+    records.assign(*capacity * stride, std::byte{0});
+    count = static_cast<unsigned>(*capacity);
+    status = list(device, &count, records.data());
+  }
+  if (status != kNvmlSuccess) return;
+  parse_nvml_processes(records, count, stride, out);
+}
 
 template <typename Fn>
 bool load_symbol(void* library, const char* name, Fn& out) {
@@ -51,6 +81,14 @@ const NvmlApi& nvml_api() {
                  load_symbol(library, "nvmlDeviceGetHandleByIndex_v2", api.device_handle) &&
                  load_symbol(library, "nvmlDeviceGetName", api.device_name) &&
                  load_symbol(library, "nvmlDeviceGetMemoryInfo", api.device_memory);
+    if (load_symbol(library, "nvmlDeviceGetComputeRunningProcesses_v2", api.compute_processes)) {
+      load_symbol(library, "nvmlDeviceGetGraphicsRunningProcesses_v2", api.graphics_processes);
+      api.process_record_bytes = kNvmlProcessInfoV2Bytes;
+    } else if (load_symbol(library, "nvmlDeviceGetComputeRunningProcesses",
+                           api.compute_processes)) {
+      load_symbol(library, "nvmlDeviceGetGraphicsRunningProcesses", api.graphics_processes);
+      api.process_record_bytes = kNvmlProcessInfoV1Bytes;
+    }
   });
   return api;
 }
@@ -80,6 +118,8 @@ std::optional<std::vector<GpuMemory>> query_nvml_gpus() {
         // What unified-memory parts (GB10) answer: there is no separate VRAM.
         gpu.memory_info_supported = false;
       }  // any other error leaves the figures at 0
+      add_processes(api.compute_processes, device, api.process_record_bytes, gpu.process_bytes);
+      add_processes(api.graphics_processes, device, api.process_record_bytes, gpu.process_bytes);
       gpus.push_back(std::move(gpu));
     }
   }

@@ -88,9 +88,13 @@ def test_report_of_this_process_has_the_documented_shape():
     assert set(report) == {"processes", "total", "shared_files", "system", "cgroup", "gpu"}
     me = report["processes"][0]
     assert me["pid"] == os.getpid()
-    assert list(me) == ["pid", "name", *BYTE_KEYS]
+    assert list(me) == ["pid", "name", *BYTE_KEYS, "gpu_bytes"]
     assert me["pss_bytes"] > 0 and me["rss_bytes"] >= me["pss_bytes"]
-    assert list(report["total"]) == [*BYTE_KEYS, *TOTAL_KEYS]
+    assert list(report["total"]) == [*BYTE_KEYS, *TOTAL_KEYS, "gpu_bytes"]
+    if report["gpu"] is None:  # no NVML: no GPU figure, not a zero
+        assert me["gpu_bytes"] is None and report["total"]["gpu_bytes"] is None
+    else:
+        assert all("processes" in gpu for gpu in report["gpu"])
     assert set(report["system"]) == {"mem_total_bytes", "mem_available_bytes"}
     assert 0 < report["system"]["mem_available_bytes"] <= report["system"]["mem_total_bytes"]
     if report["cgroup"] is not None:

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -135,7 +136,15 @@ struct GpuMemory {
   uint64_t total_bytes = 0;
   uint64_t used_bytes = 0;
   uint64_t free_bytes = 0;
+  // Processes with a context on this GPU (NVML's compute and graphics lists)
+  // and their GPU memory; nullopt bytes where the driver does not say (as
+  // under some virtualization). Empty when the driver has no such entry point.
+  std::map<uint32_t, std::optional<uint64_t>> process_bytes;
 };
+
+// GPU memory of process `pid` summed over `gpus` (0 when it has no context
+// on any); nullopt when a GPU lists it without a figure.
+std::optional<uint64_t> process_gpu_bytes(const std::vector<GpuMemory>& gpus, int pid);
 
 // How the unified-memory decision was made, for reports and tests.
 struct UnifiedMemoryDetection {

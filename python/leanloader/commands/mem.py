@@ -118,6 +118,12 @@ def format_report(report: dict) -> str:
                 )
             else:
                 lines.append(f"gpu {g['index']}: {g['name']}: shares system memory (unified)")
+            tree = {p["pid"]: p["name"] for p in report["processes"]}
+            for process in g.get("processes", []):
+                if process["pid"] in tree:
+                    used = process["used_bytes"]
+                    amount = "unknown" if used is None else f"{_mib(used)} MiB"
+                    lines.append(f"  pid {process['pid']} ({tree[process['pid']]}): {amount}")
     return "\n".join(lines)
 
 
