@@ -103,12 +103,20 @@ class Loader:
     ``"skip"`` (bad samples are dropped and reported at the end of the epoch;
     more than ``max_skip_fraction`` of the epoch raises).
 
+    ``prefetch``: the most batches prepared ahead of the one delivered. The
+    loader starts one batch ahead (with the batch the loop holds: two slots
+    of memory) and goes one deeper, up to ``prefetch``, each time the consumer
+    had to wait for a batch after the threads had spent at least 5% of their
+    time held back by the window: a consumer whose steps vary around the
+    loader's pace gets the depth, a loop that always waits for the loader (or
+    never does) keeps the memory. ``stats()["window"]`` is the depth now.
+
     ``memory_budget``: bytes (``4 << 30``), a size (``"2GiB"``) or ``"auto"`` (a
     quarter of the memory still available to this process, cgroup-aware); it
     caps the batch slots. ``pressure_threshold``: when available memory falls
     below it (default: a tenth of the memory this process can use), the loader
     keeps one batch in flight, gives idle slots back, says so once, and returns
-    to ``prefetch`` when memory recovers.
+    to its prefetch depth when memory recovers.
 
     ``rank``/``world_size``: this process's share of each epoch. When not
     given, they come from an initialised ``torch.distributed`` process group,

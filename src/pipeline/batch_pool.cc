@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+
 namespace leanloader {
 
 // The Storage handed to consumers: views a pooled (or overflow) block and
@@ -48,13 +50,17 @@ std::shared_ptr<HeapStorage> BatchPool::allocate_block() const {
       });
 }
 
-std::shared_ptr<Storage> BatchPool::acquire(std::chrono::milliseconds patience) {
+std::shared_ptr<Storage> BatchPool::acquire(std::chrono::milliseconds patience, size_t wanted) {
   std::shared_ptr<HeapStorage> block;
   bool overflow = false;
   {
     std::unique_lock lock(mutex_);
-    if (free_.empty() && created_ >= num_slots_ && patience.count() > 0) {
-      returned_.wait_for(lock, patience, [&] { return !free_.empty() || created_ < num_slots_; });
+    const size_t without_waiting = std::min(wanted, num_slots_);
+    if (free_.empty() && created_ >= without_waiting && patience.count() > 0 && !hoarding_) {
+      // A consumer that kept its batches past one whole patience (list(loader))
+      // is not waited for again until it gives a slot back.
+      hoarding_ = !returned_.wait_for(lock, patience,
+                                      [&] { return !free_.empty() || created_ < without_waiting; });
     }
     if (!free_.empty()) {
       block = std::move(free_.back());
@@ -102,6 +108,7 @@ void BatchPool::release(std::shared_ptr<HeapStorage> block, bool overflow) noexc
     }
     --in_use_;
     free_.push_back(std::move(block));
+    hoarding_ = false;
   }
   returned_.notify_one();
 }

@@ -173,8 +173,13 @@ void EpochRun::fail_batch(int64_t batch, int64_t position, const char* stage,
 
 bool EpochRun::wait_for_window(int64_t batch) {
   std::unique_lock lock(mutex_);
-  window_cv_.wait(
-      lock, [&] { return cancelled_.load() || batch < delivered_ + plan_.pressure->window(); });
+  const auto inside = [&] {
+    return cancelled_.load() || batch < delivered_ + plan_.window->window();
+  };
+  if (inside()) return !cancelled_.load();
+  const auto started = Clock::now();
+  window_cv_.wait(lock, inside);
+  plan_.window->held_back(static_cast<int64_t>(elapsed_ns(started)));
   return !cancelled_.load();
 }
 
@@ -222,7 +227,7 @@ EpochRun::BatchState& EpochRun::open_batch(int64_t batch, std::shared_ptr<Storag
   std::shared_ptr<Storage> slot;
   std::optional<SampleError> failure;
   try {
-    slot = plan_.pool->acquire(kSlotPatience);
+    slot = plan_.pool->acquire(kSlotPatience, static_cast<size_t>(plan_.window->window()) + 1);
   } catch (...) {
     failure = make_sample_error(index_at(state.first_position), plan_.source->describe(), "",
                                 "allocate batch slot", std::current_exception());
@@ -242,7 +247,7 @@ EpochRun::BatchState& EpochRun::open_batch(int64_t batch, std::shared_ptr<Storag
 }
 
 void EpochRun::check_pressure() {
-  if (plan_.pressure->check(*plan_.pool)) window_cv_.notify_all();
+  if (plan_.window->check(*plan_.pool)) window_cv_.notify_all();
 }
 
 void EpochRun::process_sample(int64_t position, const char*& stage) {
@@ -342,7 +347,7 @@ void EpochRun::finalize(BatchState& state) {
   if (state.batch == 0) {
     result.warnings.insert(result.warnings.end(), plan_.warnings.begin(), plan_.warnings.end());
   }
-  if (auto warning = plan_.pressure->take_warning()) result.warnings.push_back(*warning);
+  if (auto warning = plan_.window->take_warning()) result.warnings.push_back(*warning);
   if (plan_.pool->take_overflow_warning()) {
     result.warnings.push_back(
         "the consumer holds more batches than the loader's " +
@@ -408,10 +413,14 @@ EpochIterator::Status EpochRun::next(Batch& out, std::chrono::milliseconds timeo
     return EpochIterator::Status::kEnd;
   }
   BatchState& state = ring_[static_cast<size_t>(delivered_ % plan_.prefetch)];
-  const bool arrived = ready_cv_.wait_for(lock, timeout, [&] {
+  const auto here = [&] {
     return cancelled_.load() || (state.batch == delivered_ && state.ready) ||
            run_failure_.batch <= delivered_;
-  });
+  };
+  // Waiting with threads held back by the window since the last wait is the
+  // evidence that deepens it (pipeline/prefetch_window.h).
+  if (!here() && plan_.window->consumer_waits()) window_cv_.notify_all();
+  const bool arrived = ready_cv_.wait_for(lock, timeout, here);
   plan_.counters->consumer_wait_ns += elapsed_ns(started);
   if (!arrived) return EpochIterator::Status::kTimeout;
   if (cancelled_.load()) {

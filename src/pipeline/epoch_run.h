@@ -3,9 +3,9 @@
 //
 // Work is claimed one sample position at a time from an atomic counter, so
 // threads balance naturally. A batch may be started only inside the window
-// [delivered, delivered + prefetch): this bounds the work and memory in
-// flight. The first worker to touch a batch takes its slot from the pool; the
-// last worker to finish one of its samples finalises it (compaction of
+// [delivered, delivered + window) (pipeline/prefetch_window.h, at most
+// `prefetch`): this bounds the work and memory in flight. The first worker to touch a batch takes
+// its slot from the pool; the last worker to finish one of its samples finalises it (compaction of
 // skipped rows, tensor views) and wakes the consumer. Delivery is in order.
 #pragma once
 
@@ -24,7 +24,7 @@
 
 #include "leanloader/core/error.h"
 #include "leanloader/pipeline/loader.h"
-#include "pipeline/pressure_policy.h"
+#include "pipeline/prefetch_window.h"
 
 namespace leanloader::detail {
 
@@ -44,7 +44,7 @@ struct RunPlan {
   std::shared_ptr<const Source> source;
   std::shared_ptr<BatchPool> pool;
   std::shared_ptr<LoaderCounters> counters;
-  std::shared_ptr<PressurePolicy> pressure;
+  std::shared_ptr<PrefetchWindow> window;
   LoaderOptions options;
   Sampler sampler;
   uint64_t epoch = 0;
@@ -102,8 +102,8 @@ class EpochRun final : public Job {
   bool wait_for_window(int64_t batch);
   void fail_batch(int64_t batch, int64_t position, const char* stage,
                   std::exception_ptr cause) noexcept;
-  // Lets the pressure policy move the window; called when a batch is opened
-  // (never on the consumer's path).
+  // Lets the memory-pressure checks move the window; called when a batch is
+  // opened (never on the consumer's path).
   void check_pressure();
   BatchState& open_batch(int64_t batch, std::shared_ptr<Storage>& slot_out);
   // `stage` names what the worker is doing, for an error that escapes.

@@ -150,8 +150,10 @@ Loader::Loader(std::shared_ptr<const Source> source, LoaderOptions options)
       threshold = 0;  // no /proc/meminfo: pressure checks are off
     }
   }
-  pressure_ = std::make_shared<detail::PressurePolicy>(std::move(available), threshold, prefetch_);
   executor_ = std::make_unique<Executor>(options_.num_threads);
+  window_ = std::make_shared<detail::PrefetchWindow>(std::move(available), threshold, prefetch_,
+                                                     executor_->num_threads(),
+                                                     options_.adaptive_prefetch);
   fingerprint_ = source_fingerprint(*snapshot_);
 }
 
@@ -219,7 +221,7 @@ std::unique_ptr<EpochIterator> Loader::iterate() {
   detail::RunPlan plan{snapshot_,
                        pool_,
                        counters_,
-                       pressure_,
+                       window_,
                        options_,
                        sampler_,
                        epoch_,
@@ -316,10 +318,10 @@ LoaderStats Loader::stats() const {
   stats.resident_bytes = pool_->resident_bytes();
   stats.num_threads = options_.num_threads;
   stats.prefetch = prefetch_;
-  stats.window = pressure_->window();
-  stats.under_pressure = pressure_->under_pressure();
-  stats.pressure_events = pressure_->events();
-  stats.pressure_threshold = pressure_->threshold();
+  stats.window = window_->window();
+  stats.under_pressure = window_->under_pressure();
+  stats.pressure_events = window_->events();
+  stats.pressure_threshold = window_->threshold();
   return stats;
 }
 

@@ -95,4 +95,7 @@ def test_backs_off_when_available_memory_is_below_the_threshold(tmp_path):
     relaxed = ll.Loader(ll.NpySource(tmp_path / "rows.npy"), batch_size=8, prefetch=4)
     for _ in relaxed:
         pass
-    assert not relaxed.stats()["under_pressure"] and relaxed.stats()["window"] == 4
+    stats = relaxed.stats()
+    # Without pressure the window is the prefetch depth: one batch ahead,
+    # deepened up to prefetch when the consumer waited (timing-dependent).
+    assert not stats["under_pressure"] and 1 <= stats["window"] <= stats["prefetch"] == 4

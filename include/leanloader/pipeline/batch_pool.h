@@ -4,7 +4,8 @@
 // batch view the slot; the slot returns to the pool when the last view is
 // released (the Storage handed out by acquire() is a shared_ptr whose
 // destruction returns the block). Steady state allocates nothing: blocks are
-// created on first use, up to num_slots, and reused after that.
+// created on first use, up to num_slots (the planned bill; fewer while the
+// loader needs fewer), and reused after that.
 //
 // acquire() never blocks. When every slot is held (the consumer keeps more
 // batches alive than the pool has slots) it allocates a block beyond the
@@ -21,6 +22,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -36,12 +38,17 @@ class BatchPool : public std::enable_shared_from_this<BatchPool> {
   static std::shared_ptr<BatchPool> create(size_t slot_bytes, size_t num_slots,
                                            std::shared_ptr<SlotMemoryHooks> hooks = nullptr);
 
-  // A slot: a pooled block; when every slot is held, waits up to `patience`
-  // for one to come back (the consumer is usually about to drop its previous
-  // batch), then allocates an overflow block. Throws OutOfMemory when the
-  // memory cannot be obtained.
+  // A slot: a free pooled block, else a new one while fewer than
+  // min(`wanted`, num_slots) exist (`wanted`: the slots the loader's current
+  // prefetch depth needs). Beyond that it waits up to `patience` for a block
+  // to come back (in a `for` loop the consumer drops its previous batch right
+  // after taking the next), then creates one while fewer than num_slots
+  // exist, else allocates an overflow block. After a wait that saw no block
+  // come back, it does not wait again until one does. Throws OutOfMemory when
+  // the memory cannot be obtained.
   std::shared_ptr<Storage> acquire(
-      std::chrono::milliseconds patience = std::chrono::milliseconds(0));
+      std::chrono::milliseconds patience = std::chrono::milliseconds(0),
+      size_t wanted = std::numeric_limits<size_t>::max());
 
   size_t slot_bytes() const noexcept { return slot_bytes_; }
   size_t num_slots() const noexcept { return num_slots_; }
@@ -78,6 +85,7 @@ class BatchPool : public std::enable_shared_from_this<BatchPool> {
   uint64_t overflow_total_ = 0;
   bool overflow_warning_pending_ = false;
   bool overflow_warned_ = false;
+  bool hoarding_ = false;  // a wait for a slot went unanswered; no slot came back since
 };
 
 }  // namespace leanloader

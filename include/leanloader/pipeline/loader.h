@@ -36,7 +36,7 @@ namespace leanloader {
 namespace detail {
 class EpochRun;
 struct LoaderCounters;
-class PressurePolicy;
+class PrefetchWindow;
 }  // namespace detail
 
 class Loader {
@@ -113,7 +113,7 @@ class Loader {
   int prefetch_ = 0;
   std::shared_ptr<BatchPool> pool_;
   std::shared_ptr<detail::LoaderCounters> counters_;
-  std::shared_ptr<detail::PressurePolicy> pressure_;
+  std::shared_ptr<detail::PrefetchWindow> window_;
   std::unique_ptr<Executor> executor_;
   std::weak_ptr<detail::EpochRun> current_run_;
   uint64_t epoch_ = 0;

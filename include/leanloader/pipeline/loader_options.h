@@ -26,7 +26,12 @@ struct LoaderOptions {
   bool shuffle = false;
   uint64_t seed = 0;
   int num_threads = 2;
-  int prefetch = 2;                     // batches prepared ahead of the consumer
+  // The most batches prepared ahead of the consumer. With adaptive_prefetch
+  // the loader starts one batch ahead and goes deeper only when the consumer
+  // waited while threads were held back (pipeline/prefetch_window.h): memory
+  // for slots that would gain nothing is never touched.
+  int prefetch = 2;
+  bool adaptive_prefetch = true;
   std::optional<size_t> memory_budget;  // caps slots x slot_bytes
   bool drop_last = false;
   // Distributed sharding (see pipeline/shard.h): this process is rank `rank`
@@ -37,7 +42,7 @@ struct LoaderOptions {
   double max_skip_fraction = 0.05;  // of the epoch's samples, with kSkip
   Collate collate = Collate::kStack;
   // Below this many available bytes the loader keeps one batch in flight and
-  // gives its spare slots back; above 1.25x it returns to `prefetch`. Unset:
+  // gives its spare slots back; above 1.25x it returns to its prefetch depth. Unset:
   // a tenth of the memory this process can use (cgroup-aware).
   std::optional<size_t> pressure_threshold;
   // Where available memory is read from (cgroup-aware MemAvailable by

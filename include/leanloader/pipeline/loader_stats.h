@@ -27,7 +27,7 @@ struct LoaderStats {
   size_t resident_bytes = 0;
   int num_threads = 0;
   int prefetch = 0;
-  int window = 0;  // batches allowed in flight now (prefetch, or 1 under pressure)
+  int window = 0;  // batches allowed in flight now (the prefetch depth, or 1 under pressure)
   bool under_pressure = false;
   uint64_t pressure_events = 0;  // times available memory fell below the threshold
   size_t pressure_threshold = 0;

@@ -368,6 +368,7 @@ TEST(LoaderTest, BacksOffUnderMemoryPressureAndRecovers) {
   std::atomic<size_t> available{size_t{1} << 40};
   LoaderOptions o = options(10, false, 2);
   o.prefetch = 3;
+  o.adaptive_prefetch = false;  // the depth is 3 from the start
   o.pressure_threshold = size_t{1} << 30;
   o.available_memory = [&] { return available.load(); };
   Loader loader(id_source(2000), o);

@@ -1,5 +1,6 @@
-#include "pipeline/pressure_policy.h"
+#include "pipeline/prefetch_window.h"
 
+#include <algorithm>
 #include <chrono>
 
 namespace leanloader::detail {
@@ -14,14 +15,29 @@ int64_t now_ns() {
 
 }  // namespace
 
-PressurePolicy::PressurePolicy(std::function<size_t()> available_memory, size_t threshold,
-                               int prefetch)
+PrefetchWindow::PrefetchWindow(std::function<size_t()> available_memory, size_t threshold,
+                               int prefetch, int num_threads, bool adaptive)
     : available_memory_(std::move(available_memory)),
       threshold_(threshold),
       prefetch_(prefetch),
-      window_(prefetch) {}
+      num_threads_(std::max(1, num_threads)),
+      depth_(adaptive ? 1 : prefetch),
+      last_wait_ns_(now_ns()) {}
 
-bool PressurePolicy::check(BatchPool& pool) {
+bool PrefetchWindow::consumer_waits() noexcept {
+  const int64_t now = now_ns();
+  const int64_t held_back = held_back_ns_.exchange(0, std::memory_order_relaxed);
+  const int64_t elapsed = now - last_wait_ns_.exchange(now);
+  const int depth = depth_.load();
+  if (depth >= prefetch_ || elapsed <= 0) return false;
+  const double idle = static_cast<double>(held_back) /
+                      (static_cast<double>(elapsed) * static_cast<double>(num_threads_));
+  if (idle < kGrowthIdleFraction) return false;
+  depth_.store(depth + 1);
+  return !under_pressure_.load();
+}
+
+bool PrefetchWindow::check(BatchPool& pool) {
   if (!available_memory_ || threshold_ == 0) return false;
   const int64_t now = now_ns();
   int64_t due = next_check_ns_.load();
@@ -32,12 +48,11 @@ bool PressurePolicy::check(BatchPool& pool) {
   if (!under_pressure_ && available < threshold_) {
     under_pressure_ = true;
     ++events_;
-    window_ = 1;
     const size_t freed = pool.trim();
     if (!warned_.exchange(true)) {
       message_ = "memory pressure: " + std::to_string(available >> 20) +
                  " MiB available, below the " + std::to_string(threshold_ >> 20) +
-                 " MiB threshold; the loader keeps one batch in flight (instead of " +
+                 " MiB threshold; the loader keeps one batch in flight (instead of up to " +
                  std::to_string(prefetch_) + ") and gave back " + std::to_string(freed >> 20) +
                  " MiB of idle batch slots until memory recovers";
       warning_pending_ = true;
@@ -47,13 +62,12 @@ bool PressurePolicy::check(BatchPool& pool) {
   if (under_pressure_ &&
       static_cast<double>(available) > kRecovery * static_cast<double>(threshold_)) {
     under_pressure_ = false;
-    window_ = prefetch_;
     return true;
   }
   return false;
 }
 
-std::optional<std::string> PressurePolicy::take_warning() {
+std::optional<std::string> PrefetchWindow::take_warning() {
   if (!warning_pending_.exchange(false)) return std::nullopt;
   return message_;
 }
