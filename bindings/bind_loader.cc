@@ -164,6 +164,7 @@ void bind_loader(nb::module_& m) {
         out["read_s"] = static_cast<double>(s.read_ns) * 1e-9;
         out["collate_s"] = static_cast<double>(s.collate_ns) * 1e-9;
         out["consumer_wait_s"] = static_cast<double>(s.consumer_wait_ns) * 1e-9;
+        out["window_wait_s"] = static_cast<double>(s.window_wait_ns) * 1e-9;
         out["samples_read"] = s.samples_read;
         out["samples_skipped"] = s.samples_skipped;
         out["batches_delivered"] = s.batches_delivered;

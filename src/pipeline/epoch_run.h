@@ -32,6 +32,7 @@ struct LoaderCounters {
   std::atomic<uint64_t> read_ns{0};
   std::atomic<uint64_t> collate_ns{0};
   std::atomic<uint64_t> consumer_wait_ns{0};
+  std::atomic<uint64_t> window_wait_ns{0};
   std::atomic<uint64_t> samples_read{0};
   std::atomic<uint64_t> samples_skipped{0};
   std::atomic<uint64_t> batches_delivered{0};
@@ -130,6 +131,7 @@ class EpochRun final : public Job {
   std::condition_variable slot_cv_;    // a batch's slot was taken
   std::vector<BatchState> ring_;       // prefetch entries, batch b at b % prefetch
   int64_t delivered_ = 0;
+  int64_t wait_counted_ = -1;  // the batch whose wait the prefetch window was told of
   bool finished_ = false;
   std::vector<SkippedSample> skipped_;
   RunFailure run_failure_;  // guarded by mutex_

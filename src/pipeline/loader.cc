@@ -303,6 +303,7 @@ LoaderStats Loader::stats() const {
   stats.read_ns = counters_->read_ns;
   stats.collate_ns = counters_->collate_ns;
   stats.consumer_wait_ns = counters_->consumer_wait_ns;
+  stats.window_wait_ns = counters_->window_wait_ns;
   stats.samples_read = counters_->samples_read;
   stats.samples_skipped = counters_->samples_skipped;
   stats.batches_delivered = counters_->batches_delivered;

@@ -12,6 +12,7 @@ struct LoaderStats {
   uint64_t read_ns = 0;  // reading a sample into its row: I/O, decoding, transforms
   uint64_t collate_ns = 0;
   uint64_t consumer_wait_ns = 0;
+  uint64_t window_wait_ns = 0;  // worker threads held back by the prefetch window, summed
   uint64_t samples_read = 0;
   uint64_t samples_skipped = 0;
   uint64_t batches_delivered = 0;

@@ -89,15 +89,24 @@ LoaderOptions paced_options(int64_t batch_size, int prefetch) {
 
 TEST(PrefetchWindowTest, AProducerBoundLoaderStaysDoubleBuffered) {
   // 96 samples of 3 ms on 2 threads: ~144 ms a batch; the consumer takes
-  // each at once and drops it when it takes the next, as a `for` loop does.
+  // each at once and drops it when it takes the next, as a `for` loop does,
+  // polling with short timeouts as the Python iterator does (one wait each).
   Loader loader(std::make_shared<PacedSource>(96 * 6, 3ms), paced_options(96, 2));
   auto iterator = loader.iterate();
   Batch batch;
   int batches = 0;
-  while (iterator->next(batch, 10s) == EpochIterator::Status::kBatch) {
+  int timeouts = 0;
+  for (;;) {
+    const auto status = iterator->next(batch, 5ms);
+    if (status == EpochIterator::Status::kTimeout) {
+      ++timeouts;
+      continue;
+    }
+    if (status != EpochIterator::Status::kBatch) break;
     EXPECT_TRUE(batch.warnings.empty());
     ++batches;
   }
+  EXPECT_GT(timeouts, 6);
   EXPECT_EQ(batches, 6);
   const LoaderStats stats = loader.stats();
   EXPECT_EQ(stats.window, 1);
