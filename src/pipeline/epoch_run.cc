@@ -179,9 +179,7 @@ bool EpochRun::wait_for_window(int64_t batch) {
   if (inside()) return !cancelled_.load();
   const auto started = Clock::now();
   window_cv_.wait(lock, inside);
-  const uint64_t waited = elapsed_ns(started);
-  plan_.counters->window_wait_ns += waited;
-  plan_.window->held_back(static_cast<int64_t>(waited));
+  plan_.counters->window_wait_ns += elapsed_ns(started);
   return !cancelled_.load();
 }
 
@@ -420,12 +418,14 @@ EpochIterator::Status EpochRun::next(Batch& out, std::chrono::milliseconds timeo
            run_failure_.batch <= delivered_;
   };
   // Waiting with threads held back by the window since the last wait is the
-  // evidence that deepens it (pipeline/prefetch_window.h).
-  // Counted once per batch: a consumer polls with short timeouts (Python
-  // checks for Ctrl-C every 50 ms), and each poll is the same wait.
+  // evidence that deepens it (pipeline/prefetch_window.h). Told once per
+  // batch: a consumer polls with short timeouts (Python checks for Ctrl-C
+  // every 50 ms), and each poll is the same wait.
   if (!here() && wait_counted_ != delivered_) {
     wait_counted_ = delivered_;
-    if (plan_.window->consumer_waits()) window_cv_.notify_all();
+    if (plan_.window->consumer_waits(plan_.counters->window_wait_ns.load())) {
+      window_cv_.notify_all();
+    }
   }
   const bool arrived = ready_cv_.wait_for(lock, timeout, here);
   plan_.counters->consumer_wait_ns += elapsed_ns(started);

@@ -4,9 +4,10 @@
 // Work is claimed one sample position at a time from an atomic counter, so
 // threads balance naturally. A batch may be started only inside the window
 // [delivered, delivered + window) (pipeline/prefetch_window.h, at most
-// `prefetch`): this bounds the work and memory in flight. The first worker to touch a batch takes
-// its slot from the pool; the last worker to finish one of its samples finalises it (compaction of
-// skipped rows, tensor views) and wakes the consumer. Delivery is in order.
+// `prefetch`): this bounds the work and memory in flight. The first worker to
+// touch a batch takes its slot from the pool; the last worker to finish one of
+// its samples finalises it (compaction of skipped rows, tensor views) and
+// wakes the consumer. Delivery is in order.
 #pragma once
 
 #include <sys/types.h>

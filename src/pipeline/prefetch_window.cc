@@ -24,9 +24,10 @@ PrefetchWindow::PrefetchWindow(std::function<size_t()> available_memory, size_t 
       depth_(adaptive ? 1 : prefetch),
       last_wait_ns_(now_ns()) {}
 
-bool PrefetchWindow::consumer_waits() noexcept {
+bool PrefetchWindow::consumer_waits(uint64_t held_back_total_ns) noexcept {
   const int64_t now = now_ns();
-  const int64_t held_back = held_back_ns_.exchange(0, std::memory_order_relaxed);
+  const uint64_t held_back =
+      held_back_total_ns - last_held_back_total_ns_.exchange(held_back_total_ns);
   const int64_t elapsed = now - last_wait_ns_.exchange(now);
   const int depth = depth_.load();
   if (depth >= prefetch_ || elapsed <= 0) return false;

@@ -16,9 +16,9 @@
 // slots are given back; above kRecovery x the threshold it returns to the
 // depth (hysteresis, so a loader near the line does not flap).
 //
-// Shared by every pass of a Loader. Thread-safety: check() and held_back()
-// may be called by any worker (only one reads memory at a time, at most every
-// kCheckInterval); consumer_waits() by the consumer.
+// Shared by every pass of a Loader. Thread-safety: check() may be called by
+// any worker (only one reads memory at a time, at most every kCheckInterval);
+// consumer_waits() by the consumer.
 #pragma once
 
 #include <atomic>
@@ -49,14 +49,14 @@ class PrefetchWindow {
   // Throws whatever reading the available memory throws.
   bool check(BatchPool& pool);
 
-  // A worker thread waited `ns` for the window to let it start a batch.
-  void held_back(int64_t ns) noexcept { held_back_ns_.fetch_add(ns, std::memory_order_relaxed); }
-  // The consumer found its next batch not ready. Returns true when the depth
-  // grew (threads waiting for the window must be woken).
-  bool consumer_waits() noexcept;
+  // The consumer found its next batch not ready. `held_back_total_ns`: the
+  // time worker threads have waited for the window so far, summed (the
+  // loader's window_wait_ns); what was added since the previous wait is the
+  // evidence. Returns true when the depth grew (threads waiting for the window
+  // must be woken).
+  bool consumer_waits(uint64_t held_back_total_ns) noexcept;
 
   int window() const noexcept { return under_pressure_.load() ? 1 : depth_.load(); }
-  int depth() const noexcept { return depth_.load(); }
   int prefetch() const noexcept { return prefetch_; }
   bool under_pressure() const noexcept { return under_pressure_.load(); }
   uint64_t events() const noexcept { return events_.load(); }
@@ -71,8 +71,9 @@ class PrefetchWindow {
   int prefetch_;
   int num_threads_;
   std::atomic<int> depth_;
-  std::atomic<int64_t> held_back_ns_{0};
-  std::atomic<int64_t> last_wait_ns_;  // when the consumer last waited (or construction)
+  // The consumer's, at its previous wait (or construction).
+  std::atomic<int64_t> last_wait_ns_;
+  std::atomic<uint64_t> last_held_back_total_ns_{0};
   std::atomic<bool> under_pressure_{false};
   std::atomic<uint64_t> events_{0};
   std::atomic<int64_t> next_check_ns_{0};

@@ -15,45 +15,47 @@ namespace {
 using namespace std::chrono_literals;
 using detail::PrefetchWindow;
 
-constexpr int64_t kNsPerMs = 1'000'000;
+constexpr uint64_t kNsPerMs = 1'000'000;
 
 TEST(PrefetchWindowTest, DeepensOnlyWhenTheConsumerWaitsAfterThreadsWereHeldBack) {
   PrefetchWindow window(nullptr, 0, 3, 2, true);
   EXPECT_EQ(window.window(), 1);  // double buffering to start with
+  uint64_t held_back = 0;         // the threads' window waits so far, summed
 
-  EXPECT_FALSE(window.consumer_waits());  // nothing held back: producer-bound
+  EXPECT_FALSE(window.consumer_waits(held_back));  // nothing held back: producer-bound
   EXPECT_EQ(window.window(), 1);
 
   std::this_thread::sleep_for(20ms);
-  window.held_back(1 * kNsPerMs);  // 1 of 2 x 20 thread-ms: under 5%
-  EXPECT_FALSE(window.consumer_waits());
+  held_back += 1 * kNsPerMs;  // 1 of 2 x 20 thread-ms: under 5%
+  EXPECT_FALSE(window.consumer_waits(held_back));
   EXPECT_EQ(window.window(), 1);
 
-  window.held_back(1000 * kNsPerMs);  // held back most of the time, then a wait
-  EXPECT_TRUE(window.consumer_waits());
+  held_back += 1000 * kNsPerMs;  // held back most of the time, then a wait
+  EXPECT_TRUE(window.consumer_waits(held_back));
   EXPECT_EQ(window.window(), 2);
-  window.held_back(1000 * kNsPerMs);
-  EXPECT_TRUE(window.consumer_waits());
+  held_back += 1000 * kNsPerMs;
+  EXPECT_TRUE(window.consumer_waits(held_back));
   EXPECT_EQ(window.window(), 3);
-  window.held_back(1000 * kNsPerMs);
-  EXPECT_FALSE(window.consumer_waits());  // never past prefetch
+  held_back += 1000 * kNsPerMs;
+  EXPECT_FALSE(window.consumer_waits(held_back));  // never past prefetch
   EXPECT_EQ(window.window(), 3);
 }
 
 TEST(PrefetchWindowTest, HeldBackTimeIsUsedUpByTheWaitItExplains) {
   PrefetchWindow window(nullptr, 0, 3, 2, true);
-  window.held_back(1000 * kNsPerMs);
-  EXPECT_TRUE(window.consumer_waits());
+  const uint64_t held_back = 1000 * kNsPerMs;
+  EXPECT_TRUE(window.consumer_waits(held_back));
   EXPECT_EQ(window.window(), 2);
   std::this_thread::sleep_for(20ms);
-  EXPECT_FALSE(window.consumer_waits()) << "the earlier held-back time was counted already";
+  EXPECT_FALSE(window.consumer_waits(held_back))
+      << "the earlier held-back time was counted already";
   EXPECT_EQ(window.window(), 2);
 }
 
 TEST(PrefetchWindowTest, FixedDepthWhenNotAdaptive) {
   PrefetchWindow window(nullptr, 0, 3, 2, false);
   EXPECT_EQ(window.window(), 3);
-  EXPECT_FALSE(window.consumer_waits());
+  EXPECT_FALSE(window.consumer_waits(0));
   EXPECT_EQ(window.window(), 3);
 }
 
