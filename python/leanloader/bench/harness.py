@@ -30,7 +30,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -114,20 +114,30 @@ def run_scenario(
     size_overrides: Mapping[str, Any] | None = None,
     progress: Progress = _quiet,
     separate_passes: bool = True,
+    only: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Runs every available loader of `scenario` `rounds` times, order rotated,
     and returns the report (the JSON that `leanloader bench --json` prints).
     With `separate_passes` False (`leanloader demo`: half the time), each
-    round runs a loader once, its memory sampled while it is timed."""
+    round runs a loader once, its memory sampled while it is timed. `only`
+    names the loaders (run keys) to run; ratios and goals that need another
+    are left out of the report."""
     if rounds < MIN_ROUNDS:
         raise ValueError(f"rounds must be at least {MIN_ROUNDS}, got {rounds}")
     if size_name not in scenario.sizes:
         raise ValueError(f"scenario {scenario.name!r} has no size {size_name!r}")
     size = {**scenario.sizes[size_name], **(size_overrides or {})}
 
+    if only is not None:
+        unknown = sorted(set(only) - {run.run_key for run in scenario.loaders})
+        if unknown:
+            known = ", ".join(run.run_key for run in scenario.loaders)
+            raise ValueError(f"scenario {scenario.name!r} has no loader {unknown[0]!r} ({known})")
     runs: list[LoaderRun] = []
     skipped: list[dict[str, str]] = []
     for run in scenario.loaders:
+        if only is not None and run.run_key not in only:
+            continue
         missing = run.missing_imports()
         if missing:
             skipped.append({"loader": run.run_key, "reason": f"needs {', '.join(missing)}"})

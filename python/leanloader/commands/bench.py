@@ -52,6 +52,11 @@ def add_parser(subparsers: Any) -> None:
         metavar="FILE.png",
         help="write a PNG of samples/s and memory over time per loader (needs matplotlib)",
     )
+    parser.add_argument(
+        "--only",
+        metavar="LOADER[,LOADER]",
+        help="run only these loaders (the keys the report names, e.g. leanloader-2,torch-fork-2)",
+    )
     # For tests: overrides one size parameter of the scenario, e.g. --set rows=128.
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help=argparse.SUPPRESS
@@ -84,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
             data_dir=args.data_dir,
             size_overrides=parse_size_overrides(args.set),
             progress=progress,
+            only=args.only.split(",") if args.only else None,
         )
     except (BenchError, ValueError) as error:
         print(f"leanloader bench: {error}", file=sys.stderr)
