@@ -230,6 +230,56 @@ def test_samples_default_collate_cannot_stack_raise_torchs_error():
     loader.close()
 
 
+class CountsLiveSamples(Dataset):
+    """Each sample says how many samples this process returned before it are
+    still alive: torch's fetcher keeps a batch's samples in a list until the
+    collate (sample k sees k), leanloader's workers write each sample into its
+    rows of the batch's segment and let it go before the next."""
+
+    def __init__(self) -> None:
+        self.returned: list = []
+
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, i: int):
+        import weakref
+
+        alive = sum(ref() is not None for ref in self.returned)
+        row = np.full(1024, i, dtype=np.float32)
+        self.returned.append(weakref.ref(row))
+        return {"row": row, "alive": alive, "i": i}
+
+
+def test_workers_hold_one_sample_at_a_time_while_filling_a_batch():
+    ours, theirs = _both(CountsLiveSamples(), batch_size=6, num_workers=2, shuffle=True)
+    for batch_ours, batch_theirs in zip(ours[0], theirs[0], strict=True):
+        assert torch.equal(batch_ours["row"][:, 0], batch_ours["i"].float())
+        assert torch.equal(batch_ours["row"], batch_theirs["row"])
+        assert batch_ours["alive"].tolist() == [0] * 6
+        assert batch_theirs["alive"].tolist() == list(range(6))  # what torch keeps
+
+
+class ChangesMidBatch(Dataset):
+    """Samples that default_collate accepts although they differ from the
+    first sample of their batch: a NumPy array then tensors (converted), a
+    float32 row then a float64 one (stacked into float32 in torch's workers),
+    an int then a float."""
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i: int):
+        row = np.arange(4, dtype=np.float32 if i % 4 != 2 else np.float64) + i
+        value = torch.from_numpy(row) if i % 4 == 3 else row
+        return value, (i if i % 4 != 1 else i + 0.5)
+
+
+def test_samples_unlike_the_first_are_collated_as_torch_does():
+    ours, theirs = _both(ChangesMidBatch(), batch_size=4, num_workers=2)
+    _assert_same(ours, theirs)
+
+
 SAMPLERS = {
     "subset-random": lambda: {
         "sampler": SubsetRandomSampler(

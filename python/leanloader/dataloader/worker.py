@@ -278,13 +278,17 @@ class UncollatedBatch:
     private stacked copy, then the segment). torch's workers avoid that copy
     the same way: default_collate stacks into shared memory."""
 
-    __slots__ = ("collate", "samples")
+    __slots__ = ("collate", "samples", "whole")
 
-    def __init__(self, samples: list, collate: Any) -> None:
+    def __init__(self, samples: list, collate: Any, whole: Any = None) -> None:
         self.samples, self.collate = samples, collate
+        # what collates samples that are not stacked here: torch's collate as
+        # its workers run it (stacking into the first sample's dtype, as
+        # torch.stack(out=) does there)
+        self.whole = whole or collate
 
     def collated(self) -> Any:
-        return self.collate(self.samples)
+        return self.whole(self.samples)
 
 
 def plan_stacked(
@@ -341,6 +345,197 @@ def plan_stacked(
 
 class _NotStackable(Exception):
     pass
+
+
+# A number leaf (int, float, bool, NumPy scalar) of a sample collates to a
+# tensor of at most this many bytes per sample; its place is reserved so
+# that the collated column lands in the batch's segment too.
+NUMBER_BYTES = 8
+
+
+class _ArrayColumn:
+    """An array leaf of the samples: one row per sample in a B-row region."""
+
+    __slots__ = ("kind", "name", "offset", "row", "shape")
+
+    def __init__(self, kind: str, name: str, shape: tuple, row: int, offset: int) -> None:
+        self.kind, self.name, self.shape, self.row, self.offset = kind, name, shape, row, offset
+
+
+class _ValueColumn:
+    """Any other leaf: its values are kept and collated at the end (a small
+    batch of their own, as plan_stacked does), into `capacity` reserved bytes
+    when the collated column is an array that fits, else in the template."""
+
+    __slots__ = ("capacity", "in_sequence", "offset", "values")
+
+    def __init__(self, offset: int, capacity: int, in_sequence: bool) -> None:
+        self.offset, self.capacity, self.values = offset, capacity, []
+        # default_collate hands a sequence's columns over as tuples (zip),
+        # a dict's and the samples themselves as lists
+        self.in_sequence = in_sequence
+
+
+def _plan_rows(
+    sample: Any, batch_size: int, layout: _SlotLayout, torch_names: dict, in_sequence: bool = False
+) -> Any:
+    """The skeleton of `sample` (dicts, lists and tuples with columns at the
+    leaves), each column placed for `batch_size` samples. Raises
+    _NotStackable where plan_stacked would not stack."""
+    import numpy as np
+    import torch
+
+    found = slot_array(sample, torch_names)
+    if found is not None:
+        kind, name, array = found
+        row = _nbytes(array)
+        return _ArrayColumn(kind, name, tuple(array.shape), row, layout.place(row * batch_size))
+    if type(sample) is dict:
+        return (dict, tuple(sample), [_plan_rows(v, batch_size, layout, torch_names)
+                                      for v in sample.values()])  # fmt: skip
+    if type(sample) in (list, tuple):
+        return (type(sample), len(sample), [_plan_rows(v, batch_size, layout, torch_names, True)
+                                            for v in sample])  # fmt: skip
+    if isinstance(sample, (torch.Tensor, np.ndarray, dict, list, tuple)):
+        raise _NotStackable
+    if isinstance(sample, (int, float, np.number, np.bool_)):
+        capacity = NUMBER_BYTES * batch_size
+        return _ValueColumn(layout.place(capacity), capacity, in_sequence)
+    return _ValueColumn(0, 0, in_sequence)
+
+
+def _match_rows(sample: Any, skeleton: Any, torch_names: dict, out: list) -> bool:
+    """Appends (column, contiguous array or value) for each leaf of `sample`
+    to `out`; False when `sample` does not have the skeleton's structure,
+    dtypes and shapes (default_collate then decides, with every sample)."""
+    if isinstance(skeleton, _ArrayColumn):
+        found = slot_array(sample, torch_names)
+        if found is None or found[0] != skeleton.kind or found[1] != skeleton.name:
+            return False
+        if tuple(found[2].shape) != skeleton.shape:
+            return False
+        out.append((skeleton, found[2]))
+        return True
+    if isinstance(skeleton, _ValueColumn):
+        if isinstance(sample, (dict, list, tuple)) or slot_array(sample, torch_names) is not None:
+            return False
+        out.append((skeleton, sample))
+        return True
+    kind, keys, children = skeleton
+    if type(sample) is not kind:
+        return False
+    if kind is dict:
+        if tuple(sample) != keys:
+            return False
+        values: Any = sample.values()
+    else:
+        if len(sample) != keys:
+            return False
+        values = sample
+    return all(
+        _match_rows(value, child, torch_names, out)
+        for value, child in zip(values, children, strict=True)
+    )
+
+
+def _rebuild_sample(skeleton: Any, index: int, segment: Any, base: int) -> Any:
+    """Sample `index` as it was fetched, from its rows (copied out) and kept
+    values: used when a later sample does not match and every sample goes to
+    the collate as torch gives them."""
+    import numpy as np
+    import torch
+
+    if isinstance(skeleton, _ArrayColumn):
+        view = segment.array(base + skeleton.offset + index * skeleton.row, skeleton.name,
+                             list(skeleton.shape), skeleton.kind)  # fmt: skip
+        return view.clone() if isinstance(view, torch.Tensor) else np.array(view)
+    if isinstance(skeleton, _ValueColumn):
+        return skeleton.values[index]
+    kind, keys, children = skeleton
+    rebuilt = [_rebuild_sample(child, index, segment, base) for child in children]
+    if kind is dict:
+        return dict(zip(keys, rebuilt, strict=True))
+    return kind(rebuilt)
+
+
+def _row_template(skeleton: Any, batch_size: int, collate: Any, write: Any, torch_names: dict):
+    """The batch's template: SlotLeaf for every column in the segment."""
+    if isinstance(skeleton, _ArrayColumn):
+        return SlotLeaf(skeleton.offset, skeleton.name, (batch_size, *skeleton.shape), "torch")
+    if isinstance(skeleton, _ValueColumn):
+        values = skeleton.values
+        collated = collate(tuple(values) if skeleton.in_sequence else values)
+        found = slot_array(collated, torch_names)
+        if found is None or _nbytes(found[2]) > skeleton.capacity:
+            return collated  # strings, objects...: they travel in the template
+        kind, name, array = found
+        if _nbytes(array):
+            write(skeleton.offset, array)
+        return SlotLeaf(skeleton.offset, name, tuple(array.shape), kind)
+    kind, keys, children = skeleton
+    items = [_row_template(child, batch_size, collate, write, torch_names) for child in children]
+    # as default_collate (and plan_stacked): dicts stay dicts, sequences become lists
+    return dict(zip(keys, items, strict=True)) if kind is dict else items
+
+
+class StreamedFetch:
+    """A map-style dataset's batch for torch's default collate, fetched one
+    sample at a time straight into its rows of the batch's segment: the
+    worker holds the segment and one sample, never the batch's samples and
+    the batch (torch's fetcher keeps every sample until the collate, whose
+    stacked copy coexists with them). The dataset sees the same calls in the
+    same order as torch's _MapDatasetFetcher; when a sample does not match
+    the first one's structure, dtypes or shapes, the samples so far are
+    rebuilt from their rows and default_collate gets them all, as in torch
+    (its result or its error)."""
+
+    def __init__(self, dataset: Any, collate: Any, whole: Any, torch_names: dict) -> None:
+        self.dataset, self.collate, self.torch_names = dataset, collate, torch_names
+        self.whole = whole
+
+    def fetch(self, indices: Sequence[int], destination: Any) -> tuple | UncollatedBatch:
+        """The payload of the batch of `indices`, or the UncollatedBatch of
+        its samples when they do not stream. `destination(needed)` gives the
+        (segment, base offset, finish) to write to; finish(template) makes
+        the payload, discard() gives up the destination."""
+        dataset = self.dataset
+        sample = dataset[indices[0]]
+        batch_size = len(indices)
+        layout = _SlotLayout()
+        try:
+            skeleton = _plan_rows(sample, batch_size, layout, self.torch_names)
+        except _NotStackable:
+            skeleton = None
+        if skeleton is None or layout.used == 0:
+            samples = [sample, *(dataset[i] for i in indices[1:])]
+            return UncollatedBatch(samples, self.collate, self.whole)
+        target = destination(layout.used)
+        segment, base = target.segment, target.base
+        position = 0
+        while True:
+            leaves: list = []
+            if not _match_rows(sample, skeleton, self.torch_names, leaves):
+                samples = [_rebuild_sample(skeleton, i, segment, base) for i in range(position)]
+                target.discard()
+                samples.append(sample)
+                samples.extend(dataset[i] for i in indices[position + 1 :])
+                return UncollatedBatch(samples, self.collate, self.whole)
+            for column, value in leaves:
+                if isinstance(column, _ArrayColumn):
+                    if column.row:
+                        segment.write(base + column.offset + position * column.row, value)
+                else:
+                    column.values.append(value)
+            del leaves, sample
+            position += 1
+            if position == batch_size:
+                break
+            sample = dataset[indices[position]]
+        template = _row_template(
+            skeleton, batch_size, self.collate,
+            lambda offset, array: segment.write(base + offset, array), self.torch_names,
+        )  # fmt: skip
+        return target.finish(template)
 
 
 def unpack_batch(template: Any, hold: Any) -> Any:
@@ -485,6 +680,7 @@ def worker_main(
     torch_names = torch_dtype_names()
     init_error: dict[str, Any] | None = None
     fetcher = None
+    streamed: StreamedFetch | None = None
     setup: WorkerSetup | None = None
     try:
         # The dataset as bytes (pickled once by the main process, or by
@@ -506,7 +702,7 @@ def worker_main(
             collate = _outside_worker_info(collate, torch_worker)
         if setup.collate_fn is default_collate:
             # Stacked straight into the batch's segment (see UncollatedBatch).
-            collate = functools.partial(UncollatedBatch, collate=collate)
+            collate = functools.partial(UncollatedBatch, collate=collate, whole=default_collate)
         if setup.sharding is not None:
             # torch's _sharding_worker_init_fn: ranks first, then workers
             from torch.utils.data.graph_settings import apply_sharding
@@ -522,6 +718,16 @@ def worker_main(
             )
 
         fetcher = make_fetcher()
+        if (
+            setup.collate_fn is default_collate
+            and setup.auto_collation
+            and setup.dataset_kind == _DatasetKind.Map
+            and not getattr(setup.dataset, "__getitems__", None)
+        ):
+            # torch's _MapDatasetFetcher, one sample at a time into the batch's rows
+            streamed = StreamedFetch(
+                setup.dataset, collate.keywords["collate"], default_collate, torch_names
+            )
     except Exception as error:
         init_error = describe_error(error, where + " while starting")
 
@@ -544,6 +750,8 @@ def worker_main(
                 try:
                     setup.dataset = _apply_shared_seed(setup.dataset, message[2])
                     fetcher = make_fetcher()
+                    if streamed is not None:
+                        streamed.dataset = setup.dataset
                 except Exception as error:
                     init_error = describe_error(error, where + " while starting an epoch")
             continue
@@ -551,8 +759,24 @@ def worker_main(
         if init_error is not None:
             results.send(("error", epoch, task, init_error))
             continue
+        chosen: list = []
+
+        def resolve_slot(slot: Any = slot, epoch: int = epoch, task: int = task) -> Any:
+            # once per task: offers that came while fetching, or a wait for one
+            if not chosen:
+                slots.drain(tasks, pending)
+                if slot == WAIT_FOR_SLOT:
+                    slot = slots.wait_for_offer(tasks, pending, epoch, task)
+                chosen.append(slots.slot_for(epoch, task, slot))
+            return chosen[0]
+
         try:
-            batch = fetcher.fetch(index)
+            if streamed is not None and index:
+                batch = streamed.fetch(
+                    index, lambda needed: slots.destination(resolve_slot(), needed)
+                )
+            else:
+                batch = fetcher.fetch(index)
         except StopIteration:
             results.send(("stop", epoch, task))
             continue
@@ -560,11 +784,10 @@ def worker_main(
             results.send(("error", epoch, task, describe_error(error, where)))
             continue
         try:
-            slots.drain(tasks, pending)  # offers that came while fetching
-            if slot == WAIT_FOR_SLOT:
-                slot = slots.wait_for_offer(tasks, pending, epoch, task)
-            slot = slots.slot_for(epoch, task, slot)
-            payload = slots.payload(batch, slot, torch_names)
+            if isinstance(batch, tuple):
+                payload = batch  # streamed into its segment
+            else:
+                payload = slots.payload(batch, resolve_slot(), torch_names)
             del batch
         except Exception as error:
             results.send(("error", epoch, task, describe_error(error, where)))
@@ -669,6 +892,14 @@ class _BatchMemory:
         template, copies, needed = planned or plan_batch(batch, torch_names)
         if needed == 0:
             return ("pickle", pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL), 0)
+        target = self.destination(slot, needed)
+        for offset, array in copies:
+            target.segment.write(target.base + offset, array)
+        return target.finish(template)
+
+    def destination(self, slot: Any, needed: int) -> _Destination:
+        """Where a batch of `needed` bytes goes: the offered slot when it fits,
+        else a new segment of this worker's, sized to the batch."""
         if slot is not None and needed <= slot[3]:
             pool_id, (owner, fd, inode), slot_id, _slot_bytes, slot_offset = slot
             segment = self.attached.get(pool_id)
@@ -677,12 +908,28 @@ class _BatchMemory:
                 if os.fstat(segment.fd).st_ino != inode:
                     raise RuntimeError(f"batch slot /proc/{owner}/fd/{fd} was replaced")
                 self.attached[pool_id] = segment
-            for offset, array in copies:
-                segment.write(slot_offset + offset, array)
-            return ("slot", pool_id, slot_id, template)
+            return _Destination(self, segment, slot_offset, ("slot", pool_id, slot_id))
         size = (needed + PAGE - 1) // PAGE * PAGE
-        segment = _core.SharedSegment.create(size, self.shm_dir)
-        for offset, array in copies:
-            segment.write(offset, array)
-        self.created[int(segment.fd)] = segment
-        return ("segment", segment_reference(segment), size, template)
+        return _Destination(self, _core.SharedSegment.create(size, self.shm_dir), 0, None)
+
+
+class _Destination:
+    """A batch's place: `base` in `segment`, a slot the main process offered
+    (`slot` = ("slot", pool id, slot id)) or a segment of this worker's."""
+
+    __slots__ = ("base", "memory", "segment", "slot")
+
+    def __init__(self, memory: _BatchMemory, segment: Any, base: int, slot: tuple | None) -> None:
+        self.memory, self.segment, self.base, self.slot = memory, segment, base, slot
+
+    def finish(self, template: Any) -> tuple:
+        """The payload that tells the main process where the batch is."""
+        if self.slot is not None:
+            return (*self.slot, template)
+        self.memory.created[int(self.segment.fd)] = self.segment
+        return ("segment", segment_reference(self.segment), self.segment.size, template)
+
+    def discard(self) -> None:
+        """Gives up the place (the batch is written again elsewhere); a
+        segment of this worker's is freed."""
+        self.segment = None
