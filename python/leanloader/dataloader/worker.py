@@ -759,22 +759,10 @@ def worker_main(
         if init_error is not None:
             results.send(("error", epoch, task, init_error))
             continue
-        chosen: list = []
-
-        def resolve_slot(slot: Any = slot, epoch: int = epoch, task: int = task) -> Any:
-            # once per task: offers that came while fetching, or a wait for one
-            if not chosen:
-                slots.drain(tasks, pending)
-                if slot == WAIT_FOR_SLOT:
-                    slot = slots.wait_for_offer(tasks, pending, epoch, task)
-                chosen.append(slots.slot_for(epoch, task, slot))
-            return chosen[0]
-
+        task_slot = _TaskSlot(slots, tasks, pending, epoch, task, slot)
         try:
             if streamed is not None and index:
-                batch = streamed.fetch(
-                    index, lambda needed: slots.destination(resolve_slot(), needed)
-                )
+                batch = streamed.fetch(index, task_slot.destination)
             else:
                 batch = fetcher.fetch(index)
         except StopIteration:
@@ -787,7 +775,7 @@ def worker_main(
             if isinstance(batch, tuple):
                 payload = batch  # streamed into its segment
             else:
-                payload = slots.payload(batch, resolve_slot(), torch_names)
+                payload = slots.payload(batch, task_slot.resolve(), torch_names)
             del batch
         except Exception as error:
             results.send(("error", epoch, task, describe_error(error, where)))
@@ -911,6 +899,31 @@ class _BatchMemory:
             return _Destination(self, segment, slot_offset, ("slot", pool_id, slot_id))
         size = (needed + PAGE - 1) // PAGE * PAGE
         return _Destination(self, _core.SharedSegment.create(size, self.shm_dir), 0, None)
+
+
+class _TaskSlot:
+    """A task's slot, resolved once, when the batch is about to be written:
+    offers that came meanwhile, or a wait for one (WAIT_FOR_SLOT)."""
+
+    def __init__(
+        self, memory: _BatchMemory, tasks: Any, pending: Any, epoch: int, task: int, slot: Any
+    ) -> None:
+        self.memory, self.tasks, self.pending = memory, tasks, pending
+        self.epoch, self.task, self.slot = epoch, task, slot
+        self.resolved = False
+
+    def resolve(self) -> Any:
+        if not self.resolved:
+            memory = self.memory
+            memory.drain(self.tasks, self.pending)
+            if self.slot == WAIT_FOR_SLOT:
+                self.slot = memory.wait_for_offer(self.tasks, self.pending, self.epoch, self.task)
+            self.slot = memory.slot_for(self.epoch, self.task, self.slot)
+            self.resolved = True
+        return self.slot
+
+    def destination(self, needed: int) -> _Destination:
+        return self.memory.destination(self.resolve(), needed)
 
 
 class _Destination:
