@@ -5,11 +5,12 @@ The seed's Dataset, unchanged: h5py session files opened lazily in
 per item), batch 32 (≈ 300 MB per batch), shuffled. The same files as
 ``bench hdf5`` (generated with h5py, one chunk per trial, uncompressed).
 
-- ``leanloader-N``: ``ll.DataLoader`` with N spawned worker processes
-  (batches written into shared-memory segments and wrapped without a copy).
-- ``leanloader-forkserver-N``: the same with
-  ``multiprocessing_context="forkserver"``: workers fork from a server that
-  preloaded torch, numpy and the dataset's module, and share those pages.
+- ``leanloader-N``: ``ll.DataLoader`` with N worker processes, started as
+  by default (forkserver: workers fork from a server that preloaded torch,
+  numpy and the dataset's module, and share those pages); batches written
+  into shared-memory segments sample by sample and wrapped without a copy.
+- ``leanloader-spawn-N``: the same with ``multiprocessing_context="spawn"``
+  (each worker imports its own torch).
 - ``leanloader-thread-N``: ``ll.DataLoader(worker_mode="thread")``: N native
   threads call ``__getitem__`` in this process.
 - ``torch-fork-N`` / ``torch-spawn-N``: ``torch.utils.data.DataLoader`` with
@@ -60,8 +61,8 @@ def iterate_leanloader(context: LoaderContext) -> Iterator[Any]:
         _dataset(context),
         worker_mode=mode,
         **(
-            {"multiprocessing_context": context.options.get("start", "spawn")}
-            if mode == "process"
+            {"multiprocessing_context": context.options["start"]}
+            if mode == "process" and context.options.get("start")
             else {}
         ),
         **_loader_arguments(context),
@@ -92,11 +93,11 @@ def _describe_size(size: Mapping[str, Any]) -> str:
     return _hdf5._describe_size(size).replace("uncompressed and gzip-1", "uncompressed")
 
 
-def _leanloader(workers: int, mode: str, start: str = "spawn") -> LoaderRun:
+def _leanloader(workers: int, mode: str, start: str = "") -> LoaderRun:
     if mode == "thread":
         key, kind = f"leanloader-thread-{workers}", "native threads"
-    elif start == "spawn":
-        key, kind = f"leanloader-{workers}", "spawned worker processes (the default)"
+    elif not start:
+        key, kind = f"leanloader-{workers}", "worker processes (the default: forkserver)"
     else:
         key, kind = f"leanloader-{start}-{workers}", f"worker processes ({start})"
     return LoaderRun(
@@ -179,7 +180,7 @@ SCENARIO = Scenario(
         for workers in WORKER_COUNTS
         for run in (
             _leanloader(workers, "process"),
-            _leanloader(workers, "process", start="forkserver"),
+            _leanloader(workers, "process", start="spawn"),
             _leanloader(workers, "thread"),
             _torch(workers, "fork"),
             _torch(workers, "spawn"),
@@ -188,7 +189,7 @@ SCENARIO = Scenario(
     ratios=tuple(
         (f"leanloader{variant}-{workers}", f"torch-{start}-{workers}")
         for workers in WORKER_COUNTS
-        for variant in ("", "-forkserver")
+        for variant in ("", "-spawn")
         for start in ("fork", "spawn")
     )
     + tuple((f"leanloader-thread-{workers}", f"torch-fork-{workers}") for workers in WORKER_COUNTS),
