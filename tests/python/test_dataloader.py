@@ -260,6 +260,24 @@ def test_workers_hold_one_sample_at_a_time_while_filling_a_batch():
         assert batch_theirs["alive"].tolist() == list(range(6))  # what torch keeps
 
 
+class ArrayBatches:
+    """A batch sampler that yields NumPy arrays of indices: torch's fetcher
+    takes any sequence it can iterate."""
+
+    def __iter__(self):
+        for start in range(0, 23, 5):
+            yield np.arange(start, min(start + 5, 23))
+
+    def __len__(self) -> int:
+        return 5
+
+
+def test_batches_of_numpy_index_arrays_match_torch():
+    ours, theirs = _both(Squares(), batch_sampler=ArrayBatches(), num_workers=2)
+    _assert_same(ours, theirs)
+    assert len(ours[0]) == 5
+
+
 class ChangesMidBatch(Dataset):
     """Samples that default_collate accepts although they differ from the
     first sample of their batch: a NumPy array then tensors (converted), a

@@ -761,7 +761,7 @@ def worker_main(
             continue
         task_slot = _TaskSlot(slots, tasks, pending, epoch, task, slot)
         try:
-            if streamed is not None and index:
+            if streamed is not None and type(index) in (list, tuple) and len(index) > 0:
                 batch = streamed.fetch(index, task_slot.destination)
             else:
                 batch = fetcher.fetch(index)
