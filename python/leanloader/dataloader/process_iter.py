@@ -1,5 +1,6 @@
-"""The multi-process iterator: spawned workers, task bookkeeping as torch's
-_MultiProcessingDataLoaderIter, batches returned through shared slots."""
+"""The multi-process iterator: worker processes (forkserver by default, or
+spawn), task bookkeeping as torch's _MultiProcessingDataLoaderIter, batches
+returned through shared slots."""
 
 from __future__ import annotations
 
@@ -100,8 +101,9 @@ class ProcessIterator:
         # per batch, created by the worker that produced the batch and sized
         # to it, adopted here as a one-slot SlotPool and recycled. At most
         # prefetch_factor x workers (in flight) + 1 (held by the consumer) are
-        # kept for reuse, and no more bytes than memory_budget when the loader
-        # has one; a segment beyond that is freed when its batch is dropped.
+        # kept for reuse, none above KEEP_SEGMENT_MAX_BYTES, and no more bytes
+        # than memory_budget when the loader has one; a segment beyond that is
+        # freed when its batch is dropped.
         self._retained: list[Any] = []
         self._retain_cap = self._prefetch * self._num_workers + 1
         budget = getattr(loader, "memory_budget", None)
