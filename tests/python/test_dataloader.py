@@ -278,6 +278,31 @@ def test_batches_of_numpy_index_arrays_match_torch():
     assert len(ours[0]) == 5
 
 
+class Pairs(Dataset):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):
+        return torch.full((3,), float(i)), i
+
+
+def tuple_collate(samples):
+    return tuple(samples)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        pytest.param({"batch_size": None}, id="unbatched-tuples"),
+        pytest.param({"batch_size": 2, "collate_fn": tuple_collate}, id="collate-to-tuple"),
+    ],
+)
+def test_batches_that_are_tuples_match_torch(kwargs):
+    ours, theirs = _both(Pairs(), num_workers=2, **kwargs)
+    _assert_same(ours, theirs)
+    assert len(ours[0]) > 0
+
+
 class ChangesMidBatch(Dataset):
     """Samples that default_collate accepts although they differ from the
     first sample of their batch: a NumPy array then tensors (converted), a

@@ -760,8 +760,9 @@ def worker_main(
             results.send(("error", epoch, task, init_error))
             continue
         task_slot = _TaskSlot(slots, tasks, pending, epoch, task, slot)
+        streaming = streamed is not None and type(index) in (list, tuple) and len(index) > 0
         try:
-            if streamed is not None and type(index) in (list, tuple) and len(index) > 0:
+            if streaming:
                 batch = streamed.fetch(index, task_slot.destination)
             else:
                 batch = fetcher.fetch(index)
@@ -772,8 +773,8 @@ def worker_main(
             results.send(("error", epoch, task, describe_error(error, where)))
             continue
         try:
-            if isinstance(batch, tuple):
-                payload = batch  # streamed into its segment
+            if streaming and not isinstance(batch, UncollatedBatch):
+                payload = batch  # streamed into its segment: the payload already
             else:
                 payload = slots.payload(batch, task_slot.resolve(), torch_names)
             del batch
