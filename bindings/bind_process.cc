@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "bindings.h"
+#include "leanloader/workers/shared_copy.h"
 #include "leanloader/workers/shared_records.h"
 #include "leanloader/workers/shared_segment.h"
 #include "leanloader/workers/slot_pool.h"
@@ -106,6 +107,29 @@ void bind_process(nb::module_& m) {
              const std::string& output) { return view(self, offset, dtype, shape, output); },
           nb::arg("offset"), nb::arg("dtype"), nb::arg("shape"), nb::arg("output") = "numpy",
           "A zero-copy array over the segment that keeps it alive.");
+
+  m.def(
+      "shared_copy",
+      [](uintptr_t address, size_t bytes, std::optional<std::string> dir, bool share_pages) {
+        // The GIL stays held: no Python thread may write the block between
+        // its copy and the mapping of its pages (shared_copy.h).
+        const SharedCopy copy =
+            make_shared_copy(reinterpret_cast<void*>(address), bytes, dir.value_or(""),
+                             share_pages ? PageSharing::kWhereSafe : PageSharing::kOff);
+        return nb::make_tuple(copy.segment, copy.offset, copy.shared_bytes);
+      },
+      nb::arg("address"), nb::arg("bytes"), nb::arg("dir") = nb::none(),
+      nb::arg("share_pages") = true,
+      "A copy of `bytes` bytes at `address` in a new segment: (segment, offset, shared_bytes). "
+      "With share_pages, where the block is a whole glibc mmapped chunk (the pointer malloc "
+      "returned), its pages are then mapped from the copy, copy-on-write: one copy in all.");
+  m.def(
+      "page_sharing_refusal",
+      [](uintptr_t address, size_t bytes) {
+        return page_sharing_refusal(reinterpret_cast<const void*>(address), bytes);
+      },
+      nb::arg("address"), nb::arg("bytes"),
+      "Why shared_copy cannot share the pages of this block, or '' when it can.");
 
   m.def(
       "find_shared_segment",

@@ -94,14 +94,17 @@ SharedSegment::~SharedSegment() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-std::shared_ptr<SharedSegment> SharedSegment::create(size_t size, const std::string& dir_arg) {
+std::shared_ptr<SharedSegment> SharedSegment::create(size_t size, const std::string& dir_arg,
+                                                     Reserve reserve) {
   if (size == 0) throw InvalidArgument("a shared memory segment needs a size above 0");
   const std::string dir = dir_arg.empty() ? default_shm_dir() : dir_arg;
   const std::string path = dir + "/" + unique_name();
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) throw IoError("cannot create shared memory segment", path, errno);
   // From here on the name exists: remove it on every path out.
-  const int reserve_error = ::posix_fallocate(fd, 0, static_cast<off_t>(size));
+  const int reserve_error = reserve == Reserve::kNow
+                                ? ::posix_fallocate(fd, 0, static_cast<off_t>(size))
+                                : (::ftruncate(fd, static_cast<off_t>(size)) == 0 ? 0 : errno);
   if (reserve_error != 0) {
     ::unlink(path.c_str());
     ::close(fd);
@@ -156,13 +159,30 @@ std::string SharedSegment::attach_path() const {
   return "/proc/" + std::to_string(::getpid()) + "/fd/" + std::to_string(fd_);
 }
 
-void SharedSegment::write(size_t offset, const void* src, size_t bytes) {
-  if (!writable_) throw InvalidArgument("shared memory segment '" + path_ + "' is read-only");
+void SharedSegment::check_range(size_t offset, size_t bytes, const char* what) const {
   if (offset > size_ || bytes > size_ - offset) {
-    throw InvalidArgument("write of " + std::to_string(bytes) + " bytes at offset " +
+    throw InvalidArgument(std::string(what) + " of " + std::to_string(bytes) + " bytes at offset " +
                           std::to_string(offset) + " does not fit a shared memory segment of " +
                           std::to_string(size_) + " bytes");
   }
+}
+
+void SharedSegment::reserve(size_t offset, size_t bytes) {
+  check_range(offset, bytes, "reservation");
+  if (bytes == 0) return;
+  const int error_number =
+      ::posix_fallocate(fd_, static_cast<off_t>(offset), static_cast<off_t>(bytes));
+  if (error_number == 0) return;
+  if (error_number == ENOSPC) {
+    const size_t slash = path_.rfind('/');
+    throw_no_space(slash == std::string::npos ? std::string(".") : path_.substr(0, slash), bytes);
+  }
+  throw IoError("cannot reserve " + std::to_string(bytes) + " bytes for", path_, error_number);
+}
+
+void SharedSegment::write(size_t offset, const void* src, size_t bytes) {
+  if (!writable_) throw InvalidArgument("shared memory segment '" + path_ + "' is read-only");
+  check_range(offset, bytes, "write");
   if (bytes > 0) std::memcpy(data_ + offset, src, bytes);
 }
 

@@ -599,6 +599,68 @@ def test_large_arrays_and_tensors_are_shared_once(tmp_path, in_place):
     loader.close()
 
 
+class LargeBlocks(Dataset):
+    """A 64 MiB array (a view of the array that owns it, as reshape gives) and
+    a 48 MiB tensor: blocks that malloc maps on their own."""
+
+    def __init__(self) -> None:
+        self.features = np.arange(1 << 24, dtype=np.float32).reshape(1024, -1)
+        self.weight = torch.arange(12 << 20, dtype=torch.float32)
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int):
+        return self.features[i * 64, :4].copy(), self.weight[i << 20 : (i << 20) + 4].clone()
+
+
+def _mapped_from_segment(address: int) -> bool:
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            start, end = (int(x, 16) for x in line.split()[0].split("-"))
+            if start <= address < end:
+                return "/leanloader-" in line
+    return False
+
+
+def test_shared_copies_take_the_dataset_pages_instead_of_a_second_copy():
+    dataset = LargeBlocks()
+    features, weight = dataset.features, dataset.weight
+    features_address = features.__array_interface__["data"][0]
+    weight_address = weight.untyped_storage().data_ptr()
+    expected_features = features.copy()
+    expected_weight = weight.clone()
+    blocks = features.nbytes + weight.untyped_storage().nbytes()
+    before = _smaps_rollup(os.getpid())["Anonymous"]
+    loader = ll.DataLoader(dataset, batch_size=4, num_workers=2)
+    first = list(loader)
+    sharing = loader.dataset_sharing()
+    if "allocator" in _core.page_sharing_refusal(features_address, features.nbytes):
+        pytest.skip("this process's malloc is not glibc's: copies stay plain copies")
+    # Every whole page of both blocks is mapped from its shared copy: one
+    # copy in all, the dataset's objects, addresses and values as they were.
+    assert sharing.shared_page_bytes > blocks - 4 * 4096
+    assert _mapped_from_segment(features_address + features.nbytes // 2)
+    assert _mapped_from_segment(weight_address + (24 << 20))
+    assert dataset.features is features and dataset.weight is weight
+    assert features.__array_interface__["data"][0] == features_address
+    assert weight.untyped_storage().data_ptr() == weight_address
+    np.testing.assert_array_equal(features, expected_features)
+    assert torch.equal(weight, expected_weight)
+    anonymous_drop = before - _smaps_rollup(os.getpid())["Anonymous"]
+    assert anonymous_drop > blocks - (16 << 20), (before, anonymous_drop)
+    # The main process's later writes stay its own, as with any copy: the
+    # next pass's (new) workers read the bytes the copy was made with.
+    features[:] = -1.0
+    weight.fill_(-1.0)
+    second = list(loader)
+    for (x1, w1), (x2, w2) in zip(first, second, strict=True):
+        assert torch.equal(x1, x2) and torch.equal(w1, w2)
+    assert first[1][0][0, 0].item() == expected_features[4 * 64, 0]
+    loader.close()
+    del features, weight, dataset  # freed as malloc blocks are (munmap)
+
+
 def _mount_tmpfs(path: Path, size: str) -> bool:
     path.mkdir(parents=True, exist_ok=True)
     result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],

@@ -35,11 +35,17 @@ std::string default_shm_dir();
 
 class SharedSegment final : public Storage {
  public:
+  enum class Reserve {
+    kNow,    // every page at creation
+    kLater,  // by the caller, through reserve(), before it writes a range
+  };
+
   // Creates a segment of `size` bytes in `dir` (default_shm_dir() when
-  // empty), reserves it with posix_fallocate, maps it read-write and unlinks
-  // its name. Throws IoError (ENOSPC with the free space in the message when
-  // the directory is full) or InvalidArgument for size 0.
-  static std::shared_ptr<SharedSegment> create(size_t size, const std::string& dir = "");
+  // empty), reserves it with posix_fallocate (kNow), maps it read-write and
+  // unlinks its name. Throws IoError (ENOSPC with the free space in the
+  // message when the directory is full) or InvalidArgument for size 0.
+  static std::shared_ptr<SharedSegment> create(size_t size, const std::string& dir = "",
+                                               Reserve reserve = Reserve::kNow);
 
   // Maps an existing segment through `path`, usually "/proc/<pid>/fd/<fd>"
   // of the process that created it. The whole file is mapped:
@@ -66,6 +72,11 @@ class SharedSegment final : public Storage {
   // "/proc/<this pid>/fd/<fd>".
   std::string attach_path() const;
 
+  // Reserves the pages of [offset, offset + bytes) with posix_fallocate, so
+  // that writing them cannot raise SIGBUS. Throws as create() does, and
+  // InvalidArgument when the range does not fit.
+  void reserve(size_t offset, size_t bytes);
+
   // Copies `bytes` bytes from `src` to `offset`. Throws InvalidArgument when
   // the range does not fit, or when the segment is read-only.
   void write(size_t offset, const void* src, size_t bytes);
@@ -79,6 +90,8 @@ class SharedSegment final : public Storage {
   SharedSegment(std::byte* data, size_t size, int fd, std::string path, bool writable,
                 bool copy_on_write);
   static void register_segment(const std::shared_ptr<SharedSegment>& segment);
+
+  void check_range(size_t offset, size_t bytes, const char* what) const;
 
   int fd_;
   std::string path_;

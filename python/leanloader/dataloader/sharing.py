@@ -6,7 +6,11 @@ The dataset object the user passed is left as it was: the pickler sends a
 reference to a shared *copy* of each large array or tensor, made the first
 time it is pickled and reused for the loader's lifetime (so writes the main
 process makes to that array later are not seen by workers started after
-them; torch would pickle them again). ``share_in_place=True`` instead moves
+them; torch would pickle them again). Where the array's memory is a whole
+block that glibc's malloc mapped on its own (NumPy's and torch's large
+arrays), the array's pages are then mapped from the copy, copy-on-write
+(``_core.shared_copy``, src/workers/shared_copy.cc): the same bytes at the
+same addresses, and one copy in all instead of two. ``share_in_place=True`` instead moves
 the arrays (attributes replaced by equal arrays backed by shared memory) and
 tensors (their storage moved, as ``Tensor.share_memory_()``) of the dataset
 itself: no second copy in the main process, and its later writes are seen."""
@@ -49,6 +53,9 @@ class DatasetSharing:
         self.array_copies: dict[int, tuple[Any, Any]] = {}
         # (storage address, bytes) -> (weak reference to the storage's tensor, shared storage)
         self.storage_copies: dict[tuple[int, int], Any] = {}
+        # Bytes of the user's arrays and tensors now mapped from their shared
+        # copies (the rest of each copy is a second copy of its bytes).
+        self.shared_page_bytes = 0
         self.torch = sys.modules.get("torch")
 
     def share_in_place(self, dataset: Any) -> int:
@@ -102,12 +109,28 @@ class DatasetSharing:
         SharingPickler(buffer, self, forking).dump(obj)
         return buffer.getvalue()
 
+    def _copy_sharing_pages(self, address: int, nbytes: int) -> tuple[Any, int]:
+        """A shared copy of the block at `address` (the pointer its allocator
+        returned) whose pages the block then shares where that is safe:
+        (segment, offset of the copy in it)."""
+        segment, offset, shared = _core.shared_copy(address, nbytes, self.shm_dir, True)
+        self.segments.append(segment)
+        self.shared_page_bytes += shared
+        return segment, offset
+
     def _shared_copy(self, array: Any, np: Any) -> Any:
         """The shared copy of `array`, made once per array object."""
         kept = self.array_copies.get(id(array))
         if kept is not None and kept[0]() is array:
             return kept[1]
-        shared = self._to_segment(array, np)
+        if array.nbytes and array.flags.c_contiguous and _allocated_by_numpy(array, np):
+            segment, offset = self._copy_sharing_pages(
+                array.__array_interface__["data"][0], int(array.nbytes)
+            )
+            name = NUMPY_TO_NAME[array.dtype.str]
+            shared = segment.array(offset, name, list(array.shape), "numpy").view(array.dtype)
+        else:
+            shared = self._to_segment(array, np)
         try:
             self.array_copies[id(array)] = (weakref.ref(array), shared)
         except TypeError:
@@ -171,10 +194,15 @@ class DatasetSharing:
         kept = self.storage_copies.get(key)
         if kept is not None and kept[0]() is not None:
             return kept[1]
-        segment = _core.SharedSegment.create(max(1, old.nbytes()), self.shm_dir)
-        self.segments.append(segment)
-        raw = segment.array(0, "U8", [old.nbytes()], "torch")
-        raw.copy_(torch.empty(0, dtype=torch.uint8).set_(old))
+        if old.nbytes() and old.resizable() and not _pinned(old):
+            # made by torch's CPU allocator: the pointer it returned
+            segment, offset = self._copy_sharing_pages(old.data_ptr(), old.nbytes())
+            raw = segment.array(offset, "U8", [old.nbytes()], "torch")
+        else:
+            segment = _core.SharedSegment.create(max(1, old.nbytes()), self.shm_dir)
+            self.segments.append(segment)
+            raw = segment.array(0, "U8", [old.nbytes()], "torch")
+            raw.copy_(torch.empty(0, dtype=torch.uint8).set_(old))
         shared_storage = raw.untyped_storage()
         # the copy stays valid while the original storage is alive (a tensor
         # viewing it); a new storage at the same address gets a new copy
@@ -201,6 +229,30 @@ class DatasetSharing:
             )
             tensor.data = moved
         return shared_storage
+
+
+def _allocated_by_numpy(array: Any, np: Any) -> bool:
+    """True when `array` starts at the pointer NumPy's default allocator
+    (malloc) returned: it owns its data, or is a view from the start of the
+    array that does (``np.arange(n).reshape(...)``), and no handler replaced
+    malloc."""
+    owner = array
+    while isinstance(owner.base, np.ndarray):
+        owner = owner.base
+    if type(owner) is not np.ndarray or not owner.flags.owndata:
+        return False
+    if owner.__array_interface__["data"][0] != array.__array_interface__["data"][0]:
+        return False
+    multiarray = getattr(np, "_core", None) or np.core
+    get_handler_name = getattr(multiarray.multiarray, "get_handler_name", None)
+    return get_handler_name is not None and get_handler_name(owner) == "default_allocator"
+
+
+def _pinned(storage: Any) -> bool:
+    try:
+        return bool(storage.is_pinned())
+    except RuntimeError:  # no accelerator to ask
+        return False
 
 
 def _owns_its_bytes(array: Any, np: Any) -> bool:
