@@ -1,13 +1,20 @@
 #include "leanloader/workers/shared_copy.h"
 
 #include <dlfcn.h>
+#include <linux/magic.h>
 #include <sys/mman.h>
+#include <sys/statfs.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -23,13 +30,15 @@ namespace {
 constexpr size_t kChunkBytes = size_t{64} << 20;
 // glibc's chunk header: prev_size then size, each a size_t, before the
 // pointer malloc returns. In the size, bit 1 is IS_MMAPPED, bit 0 PREV_INUSE
-// and bit 2 NON_MAIN_ARENA (both clear for a mmapped chunk).
+// and bit 2 NON_MAIN_ARENA (both clear for a mmapped chunk). For a mmapped
+// chunk, prev_size is the chunk's offset in its mapping, and the mapping is
+// offset + size long (glibc up to 2.41) or offset + size + the header (later
+// glibc, where bit 0 of prev_size marks huge pages); mappings are
+// page-aligned, so at most one of the two lengths is a multiple of the page.
 constexpr size_t kChunkHeaderBytes = 2 * sizeof(size_t);
 constexpr size_t kChunkFlagBits = 7;
 constexpr size_t kMmappedChunkFlags = 2;
-// Mappings a remap may add (the source's anonymous mapping split around the
-// file mapping); refused when /proc/self/maps is this close to the limit.
-constexpr size_t kMappingsMargin = 16;
+constexpr size_t kHugePageOffsetBit = 1;
 
 size_t page_size() {
   static const size_t size = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
@@ -42,7 +51,8 @@ bool glibc_allocates() {
   void* libc = ::dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
   if (libc == nullptr) return false;
   bool same = true;
-  for (const char* name : {"malloc", "free", "realloc", "posix_memalign", "memalign"}) {
+  for (const char* name :
+       {"malloc", "calloc", "free", "realloc", "posix_memalign", "memalign", "aligned_alloc"}) {
     void* own = ::dlsym(libc, name);
     same = same && own != nullptr && ::dlsym(RTLD_DEFAULT, name) == own;
   }
@@ -78,13 +88,14 @@ std::vector<Mapping> read_mappings() {
 }
 
 // Private read-write memory whose pages may be replaced: anonymous (possibly
-// named by the allocator), or the file of an earlier shared copy.
+// named by the allocator), or the file of an earlier shared copy made by
+// this process ("<dir>/leanloader-<pid>-... (deleted)").
 bool replaceable(const Mapping& mapping) {
   if (mapping.perms != "rw-p") return false;
   if (mapping.path.empty() || mapping.path.rfind("[anon:", 0) == 0) return mapping.inode == 0;
+  const std::string ours = "/leanloader-" + std::to_string(::getpid()) + "-";
   const std::string deleted = " (deleted)";
-  return mapping.path.find("/leanloader-") != std::string::npos &&
-         mapping.path.size() > deleted.size() &&
+  return mapping.path.find(ours) != std::string::npos && mapping.path.size() > deleted.size() &&
          mapping.path.compare(mapping.path.size() - deleted.size(), deleted.size(), deleted) == 0;
 }
 
@@ -104,13 +115,19 @@ std::string coverage_refusal(const std::vector<Mapping>& mappings, uintptr_t sta
   return "its memory is not mapped as one block";
 }
 
-struct Chunk {
-  uintptr_t block = 0;  // the mapping malloc made (page-aligned)
-  size_t total = 0;     // its length
-};
+// The length of the mapping of a mmapped chunk whose header holds
+// `prev_size` and `chunk_size` (see kChunkHeaderBytes), or nullopt.
+std::optional<size_t> mmapped_chunk_length(size_t prev_size, size_t chunk_size) {
+  const size_t page = page_size();
+  const auto length = checked_add(prev_size, chunk_size);
+  if (!length) return std::nullopt;
+  if (*length % page == 0) return length;
+  const auto with_header = checked_add(*length, kChunkHeaderBytes);
+  if (with_header && *with_header % page == 0) return with_header;
+  return std::nullopt;
+}
 
-std::string refusal(const void* source, size_t bytes, const std::vector<Mapping>& mappings,
-                    Chunk* chunk) {
+std::string refusal(const void* source, size_t bytes, const std::vector<Mapping>& mappings) {
   if (!glibc_allocates()) {
     return "this process's allocator is not glibc's malloc (a preloaded allocator or a "
            "sanitizer)";
@@ -125,39 +142,69 @@ std::string refusal(const void* source, size_t bytes, const std::vector<Mapping>
   size_t header[2];
   std::memcpy(header, reinterpret_cast<const std::byte*>(source) - kChunkHeaderBytes,
               sizeof(header));
-  const size_t prev_size = header[0];
-  const size_t chunk_size = header[1] & ~kChunkFlagBits;
   if ((header[1] & kChunkFlagBits) != kMmappedChunkFlags) {
     return "it is not a block that malloc mapped on its own (a mmapped chunk)";
   }
-  const size_t page = page_size();
+  const size_t prev_size = header[0] & ~kHugePageOffsetBit;
   const uintptr_t chunk_start = address - kChunkHeaderBytes;
-  const auto total = checked_add(prev_size, chunk_size);
-  const auto chunk_end = checked_add(chunk_start, chunk_size);
-  if (prev_size > chunk_start || !total || !chunk_end || (chunk_start - prev_size) % page != 0 ||
-      *total % page != 0 || *chunk_end < *end) {
+  const auto length = mmapped_chunk_length(prev_size, header[1] & ~kChunkFlagBits);
+  const uintptr_t block = chunk_start - prev_size;
+  if (prev_size > chunk_start || !length || block % page_size() != 0 ||
+      !checked_add(block, *length) || block + *length < *end) {
     return "its malloc header does not describe a mmapped chunk that holds it";
   }
-  chunk->block = chunk_start - prev_size;
-  chunk->total = *total;
-  why = coverage_refusal(mappings, chunk->block, chunk->block + chunk->total);
+  why = coverage_refusal(mappings, block, block + *length);
   if (!why.empty()) return why;
-  // A MAP_FIXED that fails may leave the range unmapped on older kernels:
-  // refuse rather than come near the one limit a small mmap meets.
+  // A MAP_FIXED that fails may leave the range unmapped on kernels before
+  // 6.12 (make_shared_copy then restores it from the copy); stay far from
+  // the one limit a small mapping meets, which the rest of the process needs
+  // too.
   std::ifstream limit_file("/proc/sys/vm/max_map_count");
   size_t limit = 65530;  // the kernel's default
   limit_file >> limit;
-  if (mappings.size() + kMappingsMargin > limit) {
-    return "this process is close to its limit of mappings (vm.max_map_count)";
+  if (mappings.size() * 2 > limit) {
+    return "this process uses more than half of its mappings (vm.max_map_count)";
   }
   return "";
+}
+
+// After a failed MAP_FIXED over [address, address + bytes): kernels before
+// 6.12 may have unmapped the range before failing. Such a range gets
+// anonymous memory again, with its bytes from the copy; if even that fails
+// the process cannot go on (the block's owner would fault on its own memory).
+void restore_if_unmapped(uintptr_t address, size_t bytes, const std::byte* copy) {
+  void* start = reinterpret_cast<void*>(address);
+  if (::msync(start, bytes, MS_ASYNC) == 0 || errno != ENOMEM) return;  // still mapped
+  void* restored =
+      ::mmap(start, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+  if (restored == MAP_FAILED) {
+    std::fprintf(stderr,
+                 "leanloader: a failed mmap unmapped %zu bytes of an array at %p, and they "
+                 "cannot be mapped again (%s)\n",
+                 bytes, start, std::strerror(errno));
+    std::abort();
+  }
+  std::memcpy(restored, copy, bytes);
+}
+
+// True when the source's pages may become the segment's file pages for the
+// source's lifetime: the segment is on tmpfs (on a disk file system they
+// would be paged from disk), and the whole copy fits, so that a directory
+// that fills up stops a plain copy (whose space comes back with the error),
+// not one that has already lent some of the source's pages to the directory.
+bool segment_can_hold_the_pages(const SharedSegment& segment) {
+  struct statfs file_system {};
+  struct statvfs space {};
+  return ::fstatfs(segment.fd(), &file_system) == 0 &&
+         static_cast<uint64_t>(file_system.f_type) == TMPFS_MAGIC &&
+         ::fstatvfs(segment.fd(), &space) == 0 &&
+         uint64_t{space.f_bavail} * space.f_frsize >= segment.size();
 }
 
 }  // namespace
 
 std::string page_sharing_refusal(const void* source, size_t bytes) {
-  Chunk chunk;
-  return refusal(source, bytes, read_mappings(), &chunk);
+  return refusal(source, bytes, read_mappings());
 }
 
 SharedCopy make_shared_copy(void* source, size_t bytes, const std::string& dir,
@@ -171,11 +218,11 @@ SharedCopy make_shared_copy(void* source, size_t bytes, const std::string& dir,
   if (!segment_bytes || !checked_add(address, bytes)) {
     throw InvalidArgument("a shared copy of " + std::to_string(bytes) + " bytes wraps");
   }
-  Chunk chunk;
   bool share =
-      sharing == PageSharing::kWhereSafe && refusal(source, bytes, read_mappings(), &chunk).empty();
+      sharing == PageSharing::kWhereSafe && refusal(source, bytes, read_mappings()).empty();
   copy.segment = SharedSegment::create(*segment_bytes, dir, SharedSegment::Reserve::kLater);
   SharedSegment& segment = *copy.segment;
+  share = share && segment_can_hold_the_pages(segment);
   // Segment offset x holds the byte at address `base + x`; both are
   // page-aligned together, so a page of the source is a page of the file.
   const uintptr_t base = address - copy.offset;
@@ -192,7 +239,8 @@ SharedCopy make_shared_copy(void* source, size_t bytes, const std::string& dir,
                             PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, segment.fd(),
                             static_cast<off_t>(map_from));
       if (mapped == MAP_FAILED) {
-        share = false;  // (the mapping limit was checked) the rest keeps its own pages
+        share = false;  // the rest keeps its own pages
+        restore_if_unmapped(base + map_from, map_to - map_from, segment.data() + map_from);
       } else {
         copy.shared_bytes += map_to - map_from;
       }

@@ -611,7 +611,12 @@ class LargeBlocks(Dataset):
         return 16
 
     def __getitem__(self, i: int):
-        return self.features[i * 64, :4].copy(), self.weight[i << 20 : (i << 20) + 4].clone()
+        sample = self.features[i * 64, :4].copy(), self.weight[i << 19 : (i << 19) + 4].clone()
+        # a worker's writes stay in that worker (the main process's blocks
+        # share their pages with the copies the workers map)
+        self.features[i * 64 + 1, 0] = -7.0
+        self.weight[(i << 19) + 8] = -7.0
+        return sample
 
 
 def _mapped_from_segment(address: int) -> bool:
@@ -631,20 +636,30 @@ def test_shared_copies_take_the_dataset_pages_instead_of_a_second_copy():
     expected_features = features.copy()
     expected_weight = weight.clone()
     blocks = features.nbytes + weight.untyped_storage().nbytes()
-    before = _smaps_rollup(os.getpid())["Anonymous"]
-    loader = ll.DataLoader(dataset, batch_size=4, num_workers=2)
-    first = list(loader)
-    sharing = loader.dataset_sharing()
     if "allocator" in _core.page_sharing_refusal(features_address, features.nbytes):
         pytest.skip("this process's malloc is not glibc's: copies stay plain copies")
+    before = _smaps_rollup(os.getpid())["Anonymous"]
+    loader = ll.DataLoader(dataset, batch_size=4, num_workers=2)
+    try:
+        _check_pages_shared(loader, dataset, before, blocks, expected_features, expected_weight)
+    finally:
+        loader.close()
+    assert dataset.features is features and dataset.weight is weight
+    assert features.__array_interface__["data"][0] == features_address
+    assert weight.untyped_storage().data_ptr() == weight_address
+
+
+def _check_pages_shared(loader, dataset, before, blocks, expected_features, expected_weight):
+    features, weight = dataset.features, dataset.weight
+    features_address = features.__array_interface__["data"][0]
+    weight_address = weight.untyped_storage().data_ptr()
+    first = list(loader)
+    sharing = loader.dataset_sharing()
     # Every whole page of both blocks is mapped from its shared copy: one
     # copy in all, the dataset's objects, addresses and values as they were.
     assert sharing.shared_page_bytes > blocks - 4 * 4096
     assert _mapped_from_segment(features_address + features.nbytes // 2)
     assert _mapped_from_segment(weight_address + (24 << 20))
-    assert dataset.features is features and dataset.weight is weight
-    assert features.__array_interface__["data"][0] == features_address
-    assert weight.untyped_storage().data_ptr() == weight_address
     np.testing.assert_array_equal(features, expected_features)
     assert torch.equal(weight, expected_weight)
     anonymous_drop = before - _smaps_rollup(os.getpid())["Anonymous"]
@@ -657,8 +672,6 @@ def test_shared_copies_take_the_dataset_pages_instead_of_a_second_copy():
     for (x1, w1), (x2, w2) in zip(first, second, strict=True):
         assert torch.equal(x1, x2) and torch.equal(w1, w2)
     assert first[1][0][0, 0].item() == expected_features[4 * 64, 0]
-    loader.close()
-    del features, weight, dataset  # freed as malloc blocks are (munmap)
 
 
 def _mount_tmpfs(path: Path, size: str) -> bool:

@@ -26,7 +26,12 @@
 //   - the chunk header before `source` describes a mmapped chunk that holds
 //     the whole block, page-aligned at both ends;
 //   - /proc/self/maps shows that chunk as private read-write memory:
-//     anonymous, or the file of an earlier shared copy.
+//     anonymous, or the file of an earlier shared copy by this process, and
+//     the process uses less than half of vm.max_map_count;
+//   - the segment is on tmpfs (elsewhere the pages would be paged from
+//     disk) with room for the whole copy (the pages stay in that directory
+//     for the block's lifetime: a directory that fills up mid-way must not
+//     keep some of them).
 // Anything else gets a plain copy (shared_bytes == 0), never an error.
 #pragma once
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copyreg
 import io
+import os
 import pickle
 import sys
 import weakref
@@ -36,6 +37,10 @@ from leanloader.dataloader.worker import (
 )
 
 # --- sharing the dataset once -------------------------------------------------------------
+
+# LEANLOADER_SHARE_PAGES=0: shared copies never take the dataset's pages (two
+# copies of each large array, the user's and the workers').
+SHARE_PAGES = os.environ.get("LEANLOADER_SHARE_PAGES", "1") != "0"
 
 
 class DatasetSharing:
@@ -113,7 +118,7 @@ class DatasetSharing:
         """A shared copy of the block at `address` (the pointer its allocator
         returned) whose pages the block then shares where that is safe:
         (segment, offset of the copy in it)."""
-        segment, offset, shared = _core.shared_copy(address, nbytes, self.shm_dir, True)
+        segment, offset, shared = _core.shared_copy(address, nbytes, self.shm_dir, SHARE_PAGES)
         self.segments.append(segment)
         self.shared_page_bytes += shared
         return segment, offset
@@ -153,12 +158,16 @@ class DatasetSharing:
             return NotImplemented
         address = array.__array_interface__["data"][0]
         segment = _core.find_shared_segment(address)
-        if segment is None or not array.flags.c_contiguous:
+        copy = segment is None or not array.flags.c_contiguous
+        if copy:
             shared = self._shared_copy(array, np)  # one copy for all workers
             address = shared.__array_interface__["data"][0]
             segment = _core.find_shared_segment(address)
         offset = address - segment.address
-        return (rebuild_array, (segment_reference(segment), offset, array.dtype.str, array.shape))
+        return (
+            rebuild_array,
+            (segment_reference(segment), offset, array.dtype.str, array.shape, copy),
+        )
 
     def reduce_tensor(self, tensor: Any) -> Any:
         torch = self.torch
@@ -172,6 +181,7 @@ class DatasetSharing:
         if storage.nbytes() < self.threshold:
             return NotImplemented
         segment = _core.find_shared_segment(storage.data_ptr())
+        copy = segment is None and not self.in_place
         if segment is None:
             storage = self._move_tensor(tensor) if self.in_place else self._copy_storage(tensor)
             segment = _core.find_shared_segment(storage.data_ptr())
@@ -182,7 +192,7 @@ class DatasetSharing:
             rebuild_tensor,
             (segment_reference(segment), offset, storage.nbytes(), dtype,
              tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()),
-             bool(tensor.requires_grad), parameter),
+             bool(tensor.requires_grad), parameter, copy),
         )  # fmt: skip
 
     def _copy_storage(self, tensor: Any) -> Any:

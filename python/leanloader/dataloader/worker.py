@@ -129,13 +129,17 @@ def attach_segment(owner: int, fd: int, inode: int, mode: str = "shared") -> Any
     return segment
 
 
-def rebuild_array(reference: tuple[int, int, int], offset: int, dtype: str, shape: tuple) -> Any:
+def rebuild_array(
+    reference: tuple[int, int, int], offset: int, dtype: str, shape: tuple, copy: bool = False
+) -> Any:
     """A NumPy array in a shared segment of the main process, mapped
     copy-on-write: like the pickled copy torch gives each worker, writes stay
-    in the worker, but only the pages written are copied."""
+    in the worker, but only the pages written are copied. In the owner
+    process an array moved into the segment (not a `copy` of one) is the
+    segment itself."""
     import numpy as np
 
-    mode = "shared" if reference[0] == os.getpid() else "private"
+    mode = "shared" if reference[0] == os.getpid() and not copy else "private"
     segment = attach_segment(*reference, mode)
     array = segment.array(offset, NUMPY_TO_NAME[dtype], list(shape), "numpy")
     return array.view(np.dtype(dtype))
@@ -161,12 +165,16 @@ def rebuild_tensor(
     stride: tuple,
     requires_grad: bool,
     parameter: bool,
+    copy: bool = False,
 ) -> Any:
-    """A CPU tensor whose storage is a shared segment of the main process
-    (shared like torch's own worker tensors: writes are visible to all)."""
+    """A CPU tensor whose storage is a shared segment of the main process:
+    a tensor moved there (share_in_place) is shared like torch's own worker
+    tensors (writes are visible to all); a `copy` of the user's tensor is
+    mapped copy-on-write, as a copy behaves (the user's tensor may share the
+    copy's pages: see sharing.py)."""
     import torch
 
-    segment = attach_segment(*reference)
+    segment = attach_segment(*reference, "private" if copy else "shared")
     raw = segment.array(offset, "U8", [storage_bytes], "torch")
     torch_dtype = getattr(torch, dtype)
     tensor = torch.empty(0, dtype=torch_dtype).set_(

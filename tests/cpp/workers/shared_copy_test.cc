@@ -4,8 +4,10 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <linux/magic.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
+#include <sys/statfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -163,6 +165,9 @@ TEST(SharedCopyTest, WorkersSeeTheBytesAndNotTheParentsLaterWrites) {
   ASSERT_NE(source, nullptr);
   fill(source, bytes, 4);
   SharedCopy copy = make_shared_copy(source, bytes, "", PageSharing::kWhereSafe);
+  if (allocator_refusal().empty()) {
+    EXPECT_GT(copy.shared_bytes, 0u);
+  }
   source[kPage * 3] = std::byte{0};  // after the copy: not the workers' business
   const std::string path = copy.segment->attach_path();
   const size_t offset = copy.offset;
@@ -228,7 +233,7 @@ TEST(SharedCopyTest, BlocksThatAreNotWholeMallocMappedBlocksGetAPlainCopy) {
   ::munmap(file_map, 1 << 20);
 }
 
-TEST(SharedCopyTest, AFullDirectoryIsAClearErrorAndTheSourceKeepsItsBytes) {
+TEST(SharedCopyTest, AFullDirectoryIsAClearErrorAndLendsItNoPagesOfTheSource) {
   testing::TempDir dir;
   if (::mount("tmpfs", dir.path().c_str(), "tmpfs", 0, "size=80m") != 0) {
     GTEST_SKIP() << "cannot mount a tmpfs here (" << std::strerror(errno)
@@ -245,11 +250,31 @@ TEST(SharedCopyTest, AFullDirectoryIsAClearErrorAndTheSourceKeepsItsBytes) {
     EXPECT_EQ(e.error_number(), ENOSPC);
     EXPECT_NE(std::string(e.what()).find(dir.path()), std::string::npos) << e.what();
   }
-  // The first chunk was shared before the directory filled up; every byte
-  // is still the source's.
+  // The copy could not fit, so no page of the source was mapped from it:
+  // the directory holds nothing (it unmounts) and the source its bytes.
+  EXPECT_EQ(mapping_of(source + kPage * 2).find("/leanloader-"), std::string::npos);
+  EXPECT_EQ(::umount(dir.path().c_str()), 0) << std::strerror(errno);
   EXPECT_TRUE(has_pattern(source, bytes, 5));
   std::free(source);
-  ::umount(dir.path().c_str());
+}
+
+TEST(SharedCopyTest, AFileSystemOtherThanTmpfsGetsAPlainCopy) {
+  if (const std::string why = allocator_refusal(); !why.empty()) GTEST_SKIP() << why;
+  testing::TempDir dir;  // under TMPDIR, not /dev/shm
+  struct statfs file_system {};
+  ASSERT_EQ(::statfs(dir.path().c_str(), &file_system), 0);
+  if (static_cast<uint64_t>(file_system.f_type) == TMPFS_MAGIC) {
+    GTEST_SKIP() << dir.path() << " is on tmpfs here";
+  }
+  const size_t bytes = 40 << 20;
+  auto* source = static_cast<std::byte*>(std::malloc(bytes));
+  ASSERT_NE(source, nullptr);
+  fill(source, bytes, 6);
+  ASSERT_EQ(page_sharing_refusal(source, bytes), "");
+  SharedCopy copy = make_shared_copy(source, bytes, dir.path(), PageSharing::kWhereSafe);
+  EXPECT_EQ(copy.shared_bytes, 0u);
+  EXPECT_TRUE(has_pattern(copy.segment->data() + copy.offset, bytes, 6));
+  std::free(source);
 }
 
 }  // namespace
