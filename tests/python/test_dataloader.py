@@ -7,6 +7,7 @@ module-level classes so that spawned workers can import them.
 from __future__ import annotations
 
 import errno
+import multiprocessing
 import os
 import pickle
 import signal
@@ -456,6 +457,31 @@ def test_forkserver_workers_share_what_every_worker_imports(tmp_path):
     assert int(torch_in_workers) == 8  # every sample came from a worker with torch loaded
 
 
+class ParentPids(Dataset):
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, i: int) -> int:
+        return os.getppid()
+
+
+@pytest.mark.parametrize("chosen", [None, "spawn", "forkserver", "fork"])
+def test_a_start_method_the_program_chose_is_used_as_torch_does(chosen):
+    # torch starts workers with multiprocessing's start method when the
+    # loader has none; leanloader too, except that fork becomes forkserver.
+    previous = multiprocessing.get_start_method(allow_none=True)
+    multiprocessing.set_start_method(chosen, force=True)
+    try:
+        loader = ll.DataLoader(ParentPids(), batch_size=2, num_workers=1)
+        method = "spawn" if chosen == "spawn" else "forkserver"
+        assert loader._context.get_start_method() == method
+        parents = next(iter(loader)).tolist()
+    finally:
+        multiprocessing.set_start_method(previous, force=True)
+    # a spawned worker is this process's child, a fork server's is the server's
+    assert (parents == [os.getpid()] * 2) == (method == "spawn"), parents
+
+
 # --- shared memory ----------------------------------------------------------------------------
 
 
@@ -672,6 +698,39 @@ def _check_pages_shared(loader, dataset, before, blocks, expected_features, expe
     for (x1, w1), (x2, w2) in zip(first, second, strict=True):
         assert torch.equal(x1, x2) and torch.equal(w1, w2)
     assert first[1][0][0, 0].item() == expected_features[4 * 64, 0]
+
+
+class SharedCounts(Dataset):
+    """Counts its reads in a tensor the program put in shared memory, as
+    torch users share a cache or counters between workers and the main
+    process."""
+
+    def __init__(self, size: int) -> None:
+        self.counts = torch.zeros(size, dtype=torch.int64).share_memory_()
+        self.private = torch.zeros(size, dtype=torch.int64)
+
+    def __len__(self) -> int:
+        return len(self.counts)
+
+    def __getitem__(self, i: int) -> int:
+        self.counts[i] += 1
+        self.private[i] += 1
+        return i
+
+
+@pytest.mark.parametrize("make", [ll.DataLoader, torch.utils.data.DataLoader], ids=["ll", "torch"])
+def test_tensors_in_shared_memory_are_shared_with_workers_as_torch_does(make):
+    dataset = SharedCounts(8)
+    loader = make(dataset, batch_size=2, num_workers=2, multiprocessing_context="spawn")
+    assert sorted(int(i) for batch in loader for i in batch) == list(range(8))
+    # the workers' increments reach the main process's shared tensor
+    assert dataset.counts.tolist() == [1] * 8
+    # torch moves the dataset's other tensors into shared memory too (so its
+    # workers' writes reach the main process); leanloader leaves the dataset
+    # as it was and each worker writes its own copy (the README names this)
+    assert dataset.private.tolist() == [1 if make is torch.utils.data.DataLoader else 0] * 8
+    assert sorted(int(i) for batch in loader for i in batch) == list(range(8))
+    assert dataset.counts.tolist() == [2] * 8
 
 
 def _mount_tmpfs(path: Path, size: str) -> bool:

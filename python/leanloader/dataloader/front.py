@@ -127,16 +127,22 @@ class DataLoader(_TorchDataLoader[_T_co]):
 
     @property
     def _context(self) -> Any:
-        """The start method's context the workers are started with:
-        forkserver when the user gave none. The fork server is a fresh
-        interpreter (no CUDA, no threads of the main process: as safe as
-        spawn) that preloads torch, numpy, leanloader and the dataset's
-        module once; workers forked from it share those pages instead of
-        each importing its own copy (measured with seed 004's batches:
-        spawned workers hold 1.04-1.12x torch fork's peak memory, forkserver
-        ones 0.92-0.98x, and start 1.5-2.3x sooner)."""
+        """The start method's context the workers are started with. As in
+        torch, the loader's own, else the start method the program set with
+        multiprocessing.set_start_method() (spawn or forkserver); else, where
+        torch would fork, forkserver. The fork server is a fresh interpreter
+        (no CUDA, no threads of the main process: as safe as spawn) that
+        preloads torch, numpy, leanloader and the dataset's module once;
+        workers forked from it share those pages instead of each importing
+        its own copy (measured with seed 004's batches: spawned workers hold
+        1.04-1.12x torch fork's peak memory, forkserver ones 0.92-0.98x, and
+        start 1.5-2.3x sooner)."""
         context = self.multiprocessing_context
-        return multiprocessing.get_context(DEFAULT_START_METHOD) if context is None else context
+        if context is not None:
+            return context
+        chosen = multiprocessing.get_start_method(allow_none=True)
+        method = chosen if chosen in ("spawn", "forkserver") else DEFAULT_START_METHOD
+        return multiprocessing.get_context(method)
 
     def state_dict(self) -> dict[str, Any]:
         """Where this loader stands (see ``dataloader/state.py``): the RNG state its

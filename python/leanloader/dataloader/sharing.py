@@ -178,22 +178,23 @@ class DatasetSharing:
         if tensor.grad_fn is not None or tensor.dtype not in torch_dtype_names():
             return NotImplemented
         storage = tensor.untyped_storage()
+        segment = _core.find_shared_segment(storage.data_ptr())
+        if segment is None and storage.is_shared():
+            # Already in torch's shared memory (share_memory_(), a cache the
+            # workers fill): its workers write into it, and so do ours.
+            reference = _torch_shared_memory(storage)
+            if reference is not None:
+                return _tensor_reduction(tensor, reference, 0, storage.nbytes(), copy=False)
         if storage.nbytes() < self.threshold:
             return NotImplemented
-        segment = _core.find_shared_segment(storage.data_ptr())
         copy = segment is None and not self.in_place
         if segment is None:
             storage = self._move_tensor(tensor) if self.in_place else self._copy_storage(tensor)
             segment = _core.find_shared_segment(storage.data_ptr())
         offset = storage.data_ptr() - segment.address
-        dtype = str(tensor.dtype).removeprefix("torch.")
-        parameter = isinstance(tensor, torch.nn.Parameter)
-        return (
-            rebuild_tensor,
-            (segment_reference(segment), offset, storage.nbytes(), dtype,
-             tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()),
-             bool(tensor.requires_grad), parameter, copy),
-        )  # fmt: skip
+        return _tensor_reduction(
+            tensor, segment_reference(segment), offset, storage.nbytes(), copy=copy
+        )
 
     def _copy_storage(self, tensor: Any) -> Any:
         """A shared copy of the tensor's storage, made once per storage while
@@ -239,6 +240,52 @@ class DatasetSharing:
             )
             tensor.data = moved
         return shared_storage
+
+
+def _tensor_reduction(
+    tensor: Any, reference: tuple[int, int, int], offset: int, storage_bytes: int, copy: bool
+) -> tuple[Any, tuple[Any, ...]]:
+    import torch
+
+    dtype = str(tensor.dtype).removeprefix("torch.")
+    parameter = isinstance(tensor, torch.nn.Parameter)
+    return (
+        rebuild_tensor,
+        (reference, offset, storage_bytes, dtype, tensor.storage_offset(), tuple(tensor.shape),
+         tuple(tensor.stride()), bool(tensor.requires_grad), parameter, copy),
+    )  # fmt: skip
+
+
+def _torch_shared_memory(storage: Any) -> tuple[int, int, int] | None:
+    """How a worker maps the shared-memory file a torch storage lives in (as
+    a segment reference: this pid, a descriptor of it, its inode), when this
+    process holds a descriptor of it (torch's file_descriptor strategy keeps
+    one) and the storage starts the file's mapping; else None."""
+    address = storage.data_ptr()
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                fields = line.split(maxsplit=5)
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                if start <= address < end:
+                    break
+            else:
+                return None
+    except OSError:
+        return None
+    inode = int(fields[4])
+    if start != address or fields[1] != "rw-s" or fields[2].strip("0") or inode == 0:
+        return None
+    major, minor = (int(x, 16) for x in fields[3].split(":"))
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            info = os.fstat(int(name))
+        except OSError:
+            continue
+        same_file = info.st_ino == inode and info.st_dev == os.makedev(major, minor)
+        if same_file and info.st_size >= storage.nbytes():
+            return (os.getpid(), int(name), inode)
+    return None
 
 
 def _allocated_by_numpy(array: Any, np: Any) -> bool:
