@@ -132,6 +132,14 @@ void bind_process(nb::module_& m) {
       "Why shared_copy cannot share the pages of this block, or '' when it can.");
 
   m.def(
+      "shared_mapping_descriptor",
+      [](uintptr_t address, size_t bytes) {
+        return shared_mapping_descriptor(reinterpret_cast<const void*>(address), bytes);
+      },
+      nb::arg("address"), nb::arg("bytes"),
+      "A descriptor of the file mapped shared from its start at `address` (holding at least "
+      "`bytes` bytes), or -1.");
+  m.def(
       "find_shared_segment",
       [](uintptr_t address) { return SharedSegment::find(reinterpret_cast<const void*>(address)); },
       nb::arg("address"), "The live segment of this process containing `address`, or None.");

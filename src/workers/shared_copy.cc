@@ -15,11 +15,11 @@
 #include <cstring>
 #include <fstream>
 #include <optional>
-#include <sstream>
 #include <vector>
 
 #include "leanloader/core/checked_size.h"
 #include "leanloader/core/error.h"
+#include "workers/process_mappings.h"
 
 namespace leanloader {
 
@@ -60,32 +60,7 @@ bool glibc_allocates() {
   return same;
 }
 
-struct Mapping {
-  uintptr_t start = 0;
-  uintptr_t end = 0;
-  std::string perms;
-  uint64_t inode = 0;
-  std::string path;
-};
-
-std::vector<Mapping> read_mappings() {
-  std::ifstream maps("/proc/self/maps");
-  std::vector<Mapping> mappings;
-  std::string line;
-  while (std::getline(maps, line)) {
-    std::istringstream fields(line);
-    Mapping mapping;
-    std::string range, offset, device;
-    if (!(fields >> range >> mapping.perms >> offset >> device >> mapping.inode)) continue;
-    const size_t dash = range.find('-');
-    if (dash == std::string::npos) continue;
-    mapping.start = std::stoull(range.substr(0, dash), nullptr, 16);
-    mapping.end = std::stoull(range.substr(dash + 1), nullptr, 16);
-    std::getline(fields >> std::ws, mapping.path);
-    mappings.push_back(std::move(mapping));
-  }
-  return mappings;
-}
+using Mapping = detail::ProcessMapping;
 
 // Private read-write memory whose pages may be replaced: anonymous (possibly
 // named by the allocator), or the file of an earlier shared copy made by
@@ -204,7 +179,7 @@ bool segment_can_hold_the_pages(const SharedSegment& segment) {
 }  // namespace
 
 std::string page_sharing_refusal(const void* source, size_t bytes) {
-  return refusal(source, bytes, read_mappings());
+  return refusal(source, bytes, detail::read_process_mappings());
 }
 
 SharedCopy make_shared_copy(void* source, size_t bytes, const std::string& dir,
@@ -218,8 +193,8 @@ SharedCopy make_shared_copy(void* source, size_t bytes, const std::string& dir,
   if (!segment_bytes || !checked_add(address, bytes)) {
     throw InvalidArgument("a shared copy of " + std::to_string(bytes) + " bytes wraps");
   }
-  bool share =
-      sharing == PageSharing::kWhereSafe && refusal(source, bytes, read_mappings()).empty();
+  bool share = sharing == PageSharing::kWhereSafe &&
+               refusal(source, bytes, detail::read_process_mappings()).empty();
   copy.segment = SharedSegment::create(*segment_bytes, dir, SharedSegment::Reserve::kLater);
   SharedSegment& segment = *copy.segment;
   share = share && segment_can_hold_the_pages(segment);

@@ -33,6 +33,13 @@ namespace leanloader {
 // not empty, else /dev/shm.
 std::string default_shm_dir();
 
+// A descriptor of this process for the file mapped shared (MAP_SHARED, from
+// the file's first byte) at `address`, the file holding at least `bytes`
+// bytes, or -1: how another process attaches shared memory made by other
+// means (torch's share_memory_() keeps such a descriptor) through
+// "/proc/<pid>/fd/<fd>". Reads /proc/self/maps and /proc/self/fd.
+int shared_mapping_descriptor(const void* address, size_t bytes);
+
 class SharedSegment final : public Storage {
  public:
   enum class Reserve {

@@ -10,10 +10,11 @@ them; torch would pickle them again). Where the array's memory is a whole
 block that glibc's malloc mapped on its own (NumPy's and torch's large
 arrays), the array's pages are then mapped from the copy, copy-on-write
 (``_core.shared_copy``, src/workers/shared_copy.cc): the same bytes at the
-same addresses, and one copy in all instead of two. ``share_in_place=True`` instead moves
-the arrays (attributes replaced by equal arrays backed by shared memory) and
-tensors (their storage moved, as ``Tensor.share_memory_()``) of the dataset
-itself: no second copy in the main process, and its later writes are seen."""
+same addresses, and one copy in all instead of two. ``share_in_place=True``
+instead moves the arrays (attributes replaced by equal arrays backed by
+shared memory) and tensors (their storage moved, as
+``Tensor.share_memory_()``) of the dataset itself: its later writes are
+seen. Tensors already in torch's shared memory are sent as that memory."""
 
 from __future__ import annotations
 
@@ -257,35 +258,12 @@ def _tensor_reduction(
 
 
 def _torch_shared_memory(storage: Any) -> tuple[int, int, int] | None:
-    """How a worker maps the shared-memory file a torch storage lives in (as
-    a segment reference: this pid, a descriptor of it, its inode), when this
-    process holds a descriptor of it (torch's file_descriptor strategy keeps
-    one) and the storage starts the file's mapping; else None."""
-    address = storage.data_ptr()
-    try:
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                fields = line.split(maxsplit=5)
-                start, end = (int(x, 16) for x in fields[0].split("-"))
-                if start <= address < end:
-                    break
-            else:
-                return None
-    except OSError:
-        return None
-    inode = int(fields[4])
-    if start != address or fields[1] != "rw-s" or fields[2].strip("0") or inode == 0:
-        return None
-    major, minor = (int(x, 16) for x in fields[3].split(":"))
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            info = os.fstat(int(name))
-        except OSError:
-            continue
-        same_file = info.st_ino == inode and info.st_dev == os.makedev(major, minor)
-        if same_file and info.st_size >= storage.nbytes():
-            return (os.getpid(), int(name), inode)
-    return None
+    """How a worker maps the shared-memory file a torch storage lives in (a
+    segment reference: this pid, a descriptor of the file, its inode), when
+    this process holds a descriptor of it (torch's file_descriptor strategy
+    keeps one) and the storage starts the file's mapping; else None."""
+    fd = _core.shared_mapping_descriptor(storage.data_ptr(), storage.nbytes())
+    return None if fd < 0 else (os.getpid(), fd, os.fstat(fd).st_ino)
 
 
 def _allocated_by_numpy(array: Any, np: Any) -> bool:

@@ -2,7 +2,9 @@
 #include "leanloader/workers/shared_segment.h"
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -108,6 +110,29 @@ TEST(SharedSegmentTest, FindLocatesLiveSegmentsOnly) {
   EXPECT_EQ(SharedSegment::find(address), nullptr);
   int local = 0;
   EXPECT_EQ(SharedSegment::find(&local), nullptr);
+}
+
+TEST(SharedSegmentTest, TheDescriptorOfASharedMappingIsFoundFromItsAddress) {
+  auto segment = SharedSegment::create(3 * 4096);
+  const int fd = shared_mapping_descriptor(segment->data(), segment->size());
+  ASSERT_GE(fd, 0);
+  struct stat found {
+  }, own{};
+  ASSERT_EQ(::fstat(fd, &found), 0);
+  ASSERT_EQ(::fstat(segment->fd(), &own), 0);
+  EXPECT_EQ(found.st_ino, own.st_ino);
+  EXPECT_EQ(found.st_dev, own.st_dev);
+  // Not the start of the mapping, more bytes than the file holds, private
+  // or anonymous memory: none.
+  EXPECT_EQ(shared_mapping_descriptor(segment->data() + 4096, 4096), -1);
+  EXPECT_EQ(shared_mapping_descriptor(segment->data(), segment->size() + 1), -1);
+  auto private_view = SharedSegment::attach(segment->attach_path(), true, true);
+  EXPECT_EQ(shared_mapping_descriptor(private_view->data(), 4096), -1);
+  void* anonymous =
+      ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(anonymous, MAP_FAILED);
+  EXPECT_EQ(shared_mapping_descriptor(anonymous, 4096), -1);
+  ::munmap(anonymous, 4096);
 }
 
 TEST(SharedSegmentTest, FullDirectoryIsAClearErrorNotSigbus) {
