@@ -40,13 +40,14 @@ bool has_pattern(const void* block, size_t bytes, uint8_t salt) {
   return true;
 }
 
-// Anonymous memory of this process (smaps_rollup's "Anonymous:"), in bytes.
-size_t anonymous_bytes() {
+// A field of this process's /proc/self/smaps_rollup ("Anonymous",
+// "Pss_Shmem", ...), in bytes.
+size_t rollup_bytes(const std::string& field) {
   std::ifstream rollup("/proc/self/smaps_rollup");
   std::string line;
   while (std::getline(rollup, line)) {
-    if (line.rfind("Anonymous:", 0) == 0) {
-      std::istringstream fields(line.substr(10));
+    if (line.rfind(field + ":", 0) == 0) {
+      std::istringstream fields(line.substr(field.size() + 1));
       size_t kib = 0;
       fields >> kib;
       return kib << 10;
@@ -54,6 +55,8 @@ size_t anonymous_bytes() {
   }
   return 0;
 }
+
+size_t anonymous_bytes() { return rollup_bytes("Anonymous"); }
 
 // The /proc/self/maps line of the mapping that holds `address`.
 std::string mapping_of(const void* address) {
@@ -105,6 +108,18 @@ TEST(SharedCopyTest, AMallocMappedBlockIsMappedFromItsCopyWithoutASecondCopy) {
   ASSERT_EQ(page_sharing_refusal(source, bytes), "");
   const size_t anonymous_before = anonymous_bytes();
   SharedCopy copy = make_shared_copy(source, bytes, "", PageSharing::kWhereSafe);
+  // The source's page tables map the copy's pages already (no fault on the
+  // next read, and PSS counts them), without copying any: with the
+  // segment's own mapping gone, they are still this process's shared memory.
+  const size_t shmem_with_segment = rollup_bytes("Pss_Shmem");
+  {
+    auto attached = SharedSegment::attach(copy.segment->attach_path(), false);
+    copy.segment.reset();
+    EXPECT_GE(rollup_bytes("Pss_Shmem") + (16 << 20), shmem_with_segment);
+    EXPECT_GE(rollup_bytes("Pss_Shmem") + (16 << 20), bytes);
+    EXPECT_LT(anonymous_bytes() + bytes - (16 << 20), anonymous_before);
+    copy.segment = attached;  // (a read-only view of the copy, for the checks below)
+  }
 
   const auto address = reinterpret_cast<uintptr_t>(source);
   const size_t interior = (address + bytes) / kPage * kPage - (address + kPage - 1) / kPage * kPage;
