@@ -31,9 +31,11 @@ from torch.utils.data import (  # noqa: E402
     WeightedRandomSampler,
     get_worker_info,
 )
+from torch.utils.data._utils.collate import default_collate  # noqa: E402
 
 import leanloader as ll  # noqa: E402
 from leanloader import _core  # noqa: E402
+from leanloader.dataloader import worker as worker_module  # noqa: E402
 from leanloader.memory import process_tree_memory  # noqa: E402
 
 # --- datasets -------------------------------------------------------------------------------
@@ -211,9 +213,34 @@ class Mixed(Dataset):
         )
 
 
-def test_default_collate_written_into_the_slot_equals_torchs():
-    ours, theirs = _both(Mixed(), batch_size=4, num_workers=2)
+class MixedBatched(Mixed):
+    """Mixed, fetched a batch at a time (__getitems__)."""
+
+    def __getitems__(self, indices):
+        return [self[i] for i in indices]
+
+
+class MixedStream(IterableDataset):
+    """Mixed as an iterable dataset, split between workers."""
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        step, first = (info.num_workers, info.id) if info else (1, 0)
+        return (Mixed()[i] for i in range(first, 11, step))
+
+
+@pytest.mark.parametrize("dataset", [Mixed(), MixedBatched(), MixedStream()],
+                         ids=["one-at-a-time", "getitems", "iterable"])  # fmt: skip
+def test_default_collate_written_into_the_slot_equals_torchs(dataset):
+    # samples fetched one at a time stream into their rows; samples fetched
+    # together (__getitems__, iterable datasets) are planned into them
+    ours, theirs = _both(dataset, batch_size=4, num_workers=2)
     _assert_same(ours, theirs)
+    samples = [Mixed()[i] for i in range(4)]
+    planned = worker_module.plan_stacked(
+        worker_module.UncollatedBatch(samples, default_collate), worker_module.torch_dtype_names()
+    )
+    assert planned is not None and planned[2] > 0  # rows, not a whole collate
 
 
 class Ragged(Dataset):

@@ -303,52 +303,28 @@ def plan_stacked(
     batch: UncollatedBatch, torch_names: dict
 ) -> tuple[Any, list[tuple[int, Any]], int] | None:
     """plan_batch's (template, copies, bytes) for default_collate(samples),
-    with one copy per sample and array (its row) instead of a stacked array.
-    Dicts, lists and tuples of same-shape CPU tensors or NumPy arrays are
-    stacked here; any other leaf (numbers, strings, ...) is collated by the
-    collate itself, as a small batch of its own. None when the samples are
-    something else (the caller collates them whole)."""
-    import numpy as np
-    import torch
-
-    layout = _SlotLayout()
-
-    def plan(values: Sequence[Any]) -> Any:
-        first = values[0]
-        found = slot_array(first, torch_names)
-        if found is not None:
-            kind, name, array = found
-            arrays = [slot_array(value, torch_names) for value in values]
-            if any(
-                other is None or other[:2] != (kind, name) or other[2].shape != array.shape
-                for other in arrays
-            ):
-                raise _NotStackable
-            row = _nbytes(array)
-            offset = layout.place(row * len(values))
-            if row:
-                layout.copies.extend((offset + i * row, other[2]) for i, other in enumerate(arrays))
-            return SlotLeaf(offset, name, (len(values), *array.shape), "torch")
-        if type(first) is dict:
-            if any(type(v) is not dict or v.keys() != first.keys() for v in values):
-                raise _NotStackable
-            return {key: plan([v[key] for v in values]) for key in first}
-        if type(first) in (list, tuple):
-            if any(type(v) is not type(first) or len(v) != len(first) for v in values):
-                raise _NotStackable
-            return [plan(column) for column in zip(*values, strict=True)]  # as torch: tuples in
-        if isinstance(first, (torch.Tensor, np.ndarray, dict, list, tuple)):
-            raise _NotStackable  # types default_collate treats in ways not mirrored here
-        # numbers, strings, ...: collated as a small batch of their own
-        return layout.leaf(batch.collate(values), torch_names)
-
-    if not batch.samples:
+    with one copy per sample and array (its row) instead of a stacked array:
+    the rows StreamedFetch writes as samples come, planned here for samples
+    fetched together (iterable datasets, ``__getitems__``). None when the
+    samples do not stack that way (the caller collates them whole)."""
+    samples = batch.samples
+    if not samples:
         return None
+    layout = _SlotLayout()
     try:
-        template = plan(batch.samples)
+        skeleton = _plan_rows(samples[0], len(samples), layout, torch_names)
     except _NotStackable:
         return None
-    return template, layout.copies, layout.used
+    copies: list[tuple[int, Any]] = []
+
+    def put(offset: int, array: Any) -> None:
+        copies.append((offset, array))
+
+    for position, sample in enumerate(samples):
+        if not _take_sample(sample, position, skeleton, torch_names, put):
+            return None
+    template = _row_template(skeleton, len(samples), batch.collate, put, torch_names)
+    return template, copies, layout.used
 
 
 class _NotStackable(Exception):
@@ -372,7 +348,7 @@ class _ArrayColumn:
 
 class _ValueColumn:
     """Any other leaf: its values are kept and collated at the end (a small
-    batch of their own, as plan_stacked does), into `capacity` reserved bytes
+    batch of their own), into `capacity` reserved bytes
     when the collated column is an array that fits, else in the template."""
 
     __slots__ = ("capacity", "in_sequence", "offset", "values")
@@ -389,7 +365,7 @@ def _plan_rows(
 ) -> Any:
     """The skeleton of `sample` (dicts, lists and tuples with columns at the
     leaves), each column placed for `batch_size` samples. Raises
-    _NotStackable where plan_stacked would not stack."""
+    _NotStackable where the samples cannot be stacked into rows."""
     import numpy as np
     import torch
 
@@ -446,6 +422,22 @@ def _match_rows(sample: Any, skeleton: Any, torch_names: dict, out: list) -> boo
     )
 
 
+def _take_sample(sample: Any, position: int, skeleton: Any, torch_names: dict, put: Any) -> bool:
+    """Sample `position` of the batch into its rows: put(offset, array) for
+    each array leaf, its values kept for the rest; False (nothing put) when it
+    does not match the skeleton."""
+    leaves: list = []
+    if not _match_rows(sample, skeleton, torch_names, leaves):
+        return False
+    for column, value in leaves:
+        if isinstance(column, _ArrayColumn):
+            if column.row:
+                put(column.offset + position * column.row, value)
+        else:
+            column.values.append(value)
+    return True
+
+
 def _rebuild_sample(skeleton: Any, index: int, segment: Any, base: int) -> Any:
     """Sample `index` as it was fetched, from its rows (copied out) and kept
     values: used when a later sample does not match and every sample goes to
@@ -482,7 +474,7 @@ def _row_template(skeleton: Any, batch_size: int, collate: Any, write: Any, torc
         return SlotLeaf(skeleton.offset, name, tuple(array.shape), kind)
     kind, keys, children = skeleton
     items = [_row_template(child, batch_size, collate, write, torch_names) for child in children]
-    # as default_collate (and plan_stacked): dicts stay dicts, sequences become lists
+    # as default_collate: dicts stay dicts, sequences become lists
     return dict(zip(keys, items, strict=True)) if kind is dict else items
 
 
@@ -519,30 +511,24 @@ class StreamedFetch:
             return UncollatedBatch(samples, self.collate, self.whole)
         target = destination(layout.used)
         segment, base = target.segment, target.base
+
+        def put(offset: int, array: Any) -> None:
+            segment.write(base + offset, array)
+
         position = 0
         while True:
-            leaves: list = []
-            if not _match_rows(sample, skeleton, self.torch_names, leaves):
+            if not _take_sample(sample, position, skeleton, self.torch_names, put):
                 samples = [_rebuild_sample(skeleton, i, segment, base) for i in range(position)]
                 target.discard()
                 samples.append(sample)
                 samples.extend(dataset[i] for i in indices[position + 1 :])
                 return UncollatedBatch(samples, self.collate, self.whole)
-            for column, value in leaves:
-                if isinstance(column, _ArrayColumn):
-                    if column.row:
-                        segment.write(base + column.offset + position * column.row, value)
-                else:
-                    column.values.append(value)
-            del leaves, sample
+            del sample
             position += 1
             if position == batch_size:
                 break
             sample = dataset[indices[position]]
-        template = _row_template(
-            skeleton, batch_size, self.collate,
-            lambda offset, array: segment.write(base + offset, array), self.torch_names,
-        )  # fmt: skip
+        template = _row_template(skeleton, batch_size, self.collate, put, self.torch_names)
         return target.finish(template)
 
 
