@@ -18,6 +18,7 @@
 #include <unordered_set>
 
 #include "io/file_io.h"
+#include "io/proc_maps.h"
 #include "leanloader/core/error.h"
 #include "memory/memory_nvml.h"
 
@@ -527,37 +528,12 @@ bool is_held_shared_memory(const std::string& link, const std::string& target,
   return static_cast<uint64_t>(fs.f_type) == TMPFS_MAGIC;
 }
 
-// "start-end perms offset major:minor inode [path]": the device and inode of
-// a maps / smaps header line, or nullopt for other lines.
+// The device and inode of a maps / smaps header line, or nullopt for other
+// lines and anonymous mappings.
 std::optional<FileKey> mapping_key(std::string_view line) {
-  size_t field = 0;
-  size_t pos = 0;
-  std::string_view device;
-  std::string_view inode;
-  while (pos < line.size() && field < 5) {
-    while (pos < line.size() && line[pos] == ' ') ++pos;
-    const size_t end = std::min(line.find(' ', pos), line.size());
-    if (field == 3) device = line.substr(pos, end - pos);
-    if (field == 4) inode = line.substr(pos, end - pos);
-    pos = end;
-    ++field;
-  }
-  if (field < 5) return std::nullopt;
-  const size_t colon = device.find(':');
-  if (colon == std::string_view::npos) return std::nullopt;
-  FileKey key;
-  const auto parse_hex = [](std::string_view text, uint64_t& out) {
-    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), out, 16);
-    return ec == std::errc() && end == text.data() + text.size();
-  };
-  if (!parse_hex(device.substr(0, colon), key.major) ||
-      !parse_hex(device.substr(colon + 1), key.minor)) {
-    return std::nullopt;
-  }
-  const auto value = parse_u64(inode);
-  if (!value || *value == 0) return std::nullopt;
-  key.inode = *value;
-  return key;
+  const auto mapping = detail::parse_maps_line(line);
+  if (!mapping || mapping->inode == 0) return std::nullopt;
+  return FileKey{mapping->major, mapping->minor, mapping->inode};
 }
 
 }  // namespace

@@ -17,9 +17,9 @@
 #include <optional>
 #include <vector>
 
+#include "io/proc_maps.h"
 #include "leanloader/core/checked_size.h"
 #include "leanloader/core/error.h"
-#include "workers/process_mappings.h"
 
 namespace leanloader {
 

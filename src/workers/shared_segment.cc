@@ -4,7 +4,6 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
-#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -12,15 +11,13 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <random>
-#include <sstream>
 
 #include "io/file_io.h"
+#include "io/proc_maps.h"
 #include "leanloader/core/error.h"
-#include "workers/process_mappings.h"
 
 namespace leanloader {
 
@@ -67,37 +64,6 @@ std::string mib(uint64_t bytes) {
 }
 
 }  // namespace
-
-namespace detail {
-
-std::vector<ProcessMapping> read_process_mappings() {
-  std::ifstream maps("/proc/self/maps");
-  std::vector<ProcessMapping> mappings;
-  std::string line;
-  while (std::getline(maps, line)) {
-    std::istringstream fields(line);
-    ProcessMapping mapping;
-    std::string range, offset, device;
-    if (!(fields >> range >> mapping.perms >> offset >> device >> mapping.inode)) continue;
-    const size_t dash = range.find('-');
-    const size_t colon = device.find(':');
-    if (dash == std::string::npos || colon == std::string::npos) continue;
-    try {
-      mapping.start = std::stoull(range.substr(0, dash), nullptr, 16);
-      mapping.end = std::stoull(range.substr(dash + 1), nullptr, 16);
-      mapping.offset = std::stoull(offset, nullptr, 16);
-      mapping.device = makedev(std::stoul(device.substr(0, colon), nullptr, 16),
-                               std::stoul(device.substr(colon + 1), nullptr, 16));
-    } catch (const std::exception&) {
-      continue;
-    }
-    std::getline(fields >> std::ws, mapping.path);
-    mappings.push_back(std::move(mapping));
-  }
-  return mappings;
-}
-
-}  // namespace detail
 
 int shared_mapping_descriptor(const void* address, size_t bytes) {
   const auto start = reinterpret_cast<uintptr_t>(address);
