@@ -97,7 +97,7 @@ test-python: setup
 # and tests/gpu/. Without CUDA the tests skip and say why.
 test-gpu: setup build/cpp/build.ninja
 	cmake --build build/cpp
-	ctest --test-dir build/cpp -R 'DeviceFeed|HostStandIn|CudaRuntime' --output-on-failure
+	ctest --test-dir build/cpp -R 'DeviceFeed|DeviceReadFence|HostStandIn|CudaRuntime' --output-on-failure
 	$(PY) -m pytest -q -rs tests/gpu
 
 # What `make bench` adds: FFmpeg's libraries for SPDL (requirements-bench.txt).

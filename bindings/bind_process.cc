@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "bindings.h"
+#include "leanloader/device/device_read_fence.h"
+#include "leanloader/device/host_pinning.h"
 #include "leanloader/workers/shared_copy.h"
 #include "leanloader/workers/shared_records.h"
 #include "leanloader/workers/shared_segment.h"
@@ -163,14 +165,27 @@ void bind_process(nb::module_& m) {
             return SlotPool::create(slot_bytes, num_slots, dir.value_or(""));
           },
           nb::arg("slot_bytes"), nb::arg("num_slots"), nb::arg("dir") = nb::none())
-      .def_static("adopt", &SlotPool::adopt, nb::arg("segment"), nb::arg("slot_bytes"),
-                  nb::arg("num_slots") = 1,
-                  "A pool over an existing segment (a batch segment a worker created).")
+      .def_static(
+          "adopt",
+          [](std::shared_ptr<SharedSegment> segment, size_t slot_bytes, size_t num_slots,
+             std::shared_ptr<HostPinning> pinning) {
+            nb::gil_scoped_release release;  // page-locking a large segment takes a while
+            return SlotPool::adopt(std::move(segment), slot_bytes, num_slots, std::move(pinning));
+          },
+          nb::arg("segment"), nb::arg("slot_bytes"), nb::arg("num_slots") = 1,
+          nb::arg("pinning") = nb::none(),
+          "A pool over an existing segment (a batch segment a worker created); with `pinning`, "
+          "the segment is page-locked until the pool is gone.")
       .def("acquire", &SlotPool::acquire, "A free slot id, or None when all are in use.")
       .def("release", &SlotPool::release, nb::arg("slot"))
       .def(
-          "hold", [](SlotPool& self, size_t slot) { return SlotHold{self.hold(slot)}; },
-          nb::arg("slot"))
+          "hold",
+          [](SlotPool& self, size_t slot, std::shared_ptr<DeviceReadFence> fence) {
+            return SlotHold{self.hold(slot, std::move(fence))};
+          },
+          nb::arg("slot"), nb::arg("fence") = nb::none(),
+          "The slot as a Storage; with `fence`, it is reused only after the device reads queued "
+          "before its release are over.")
       .def("slot_offset", &SlotPool::slot_offset, nb::arg("slot"))
       .def_prop_ro("slot_bytes", &SlotPool::slot_bytes)
       .def_prop_ro("num_slots", &SlotPool::num_slots)

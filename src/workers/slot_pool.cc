@@ -1,5 +1,6 @@
 #include "leanloader/workers/slot_pool.h"
 
+#include <functional>
 #include <string>
 
 #include "leanloader/core/error.h"
@@ -14,16 +15,32 @@ constexpr size_t kSlotAlignment = 4096;
 // Holds the pool (and so the segment) alive.
 class SlotStorage final : public Storage {
  public:
-  SlotStorage(std::shared_ptr<SlotPool> pool, size_t slot)
+  SlotStorage(std::shared_ptr<SlotPool> pool, size_t slot, std::shared_ptr<SlotReleaseFence> fence)
       : Storage(pool->segment()->data() + pool->slot_offset(slot), pool->slot_bytes(),
                 StorageKind::kPoolSlot),
         pool_(std::move(pool)),
-        slot_(slot) {}
-  ~SlotStorage() override { pool_->give_back(slot_); }
+        slot_(slot),
+        fence_(std::move(fence)) {}
+  ~SlotStorage() override {
+    if (fence_ == nullptr) {
+      pool_->give_back(slot_);
+      return;
+    }
+    std::function<void()> give_back;
+    try {
+      give_back = [pool = pool_, slot = slot_] { pool->give_back(slot); };
+    } catch (...) {
+      // No memory for the callback: the slot stays out of use (lost to this
+      // pool, never overwritten under a pending read).
+      return;
+    }
+    fence_->after_pending_reads(std::move(give_back));
+  }
 
  private:
   std::shared_ptr<SlotPool> pool_;
   size_t slot_;
+  std::shared_ptr<SlotReleaseFence> fence_;
 };
 
 std::shared_ptr<SlotPool> SlotPool::create(size_t slot_bytes, size_t num_slots,
@@ -42,7 +59,8 @@ std::shared_ptr<SlotPool> SlotPool::create(size_t slot_bytes, size_t num_slots,
 }
 
 std::shared_ptr<SlotPool> SlotPool::adopt(std::shared_ptr<SharedSegment> segment, size_t slot_bytes,
-                                          size_t num_slots) {
+                                          size_t num_slots,
+                                          std::shared_ptr<SlotMemoryHooks> hooks) {
   if (segment == nullptr) throw InvalidArgument("cannot adopt a null segment as a slot pool");
   if (slot_bytes == 0 || num_slots == 0) {
     throw InvalidArgument("a slot pool needs slot_bytes and num_slots above 0, got " +
@@ -53,7 +71,12 @@ std::shared_ptr<SlotPool> SlotPool::adopt(std::shared_ptr<SharedSegment> segment
                           std::to_string(slot_bytes) + " bytes does not fit segment " +
                           segment->path() + " of " + std::to_string(segment->size()) + " bytes");
   }
-  return std::shared_ptr<SlotPool>(new SlotPool(std::move(segment), slot_bytes, num_slots));
+  auto pool = std::shared_ptr<SlotPool>(new SlotPool(std::move(segment), slot_bytes, num_slots));
+  if (hooks != nullptr) {
+    hooks->on_create(pool->segment_->data(), pool->segment_->size());
+    pool->hooks_ = std::move(hooks);  // undone by the destructor from here on
+  }
+  return pool;
 }
 
 SlotPool::SlotPool(std::shared_ptr<SharedSegment> segment, size_t slot_bytes, size_t num_slots)
@@ -63,6 +86,10 @@ SlotPool::SlotPool(std::shared_ptr<SharedSegment> segment, size_t slot_bytes, si
       acquired_(num_slots, false) {
   free_.reserve(num_slots);
   for (size_t i = num_slots; i > 0; --i) free_.push_back(i - 1);  // slot 0 first
+}
+
+SlotPool::~SlotPool() {
+  if (hooks_ != nullptr) hooks_->on_destroy(segment_->data(), segment_->size());
 }
 
 std::optional<size_t> SlotPool::acquire() {
@@ -92,12 +119,12 @@ void SlotPool::release(size_t slot) {
   free_.push_back(slot);
 }
 
-std::shared_ptr<Storage> SlotPool::hold(size_t slot) {
+std::shared_ptr<Storage> SlotPool::hold(size_t slot, std::shared_ptr<SlotReleaseFence> fence) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     check_slot(slot, "hold");
   }
-  return std::make_shared<SlotStorage>(shared_from_this(), slot);
+  return std::make_shared<SlotStorage>(shared_from_this(), slot, std::move(fence));
 }
 
 void SlotPool::give_back(size_t slot) noexcept {

@@ -11,6 +11,11 @@
 // but never handed to the user (an error, a stale epoch) goes back with
 // release().
 //
+// A pool whose memory a device reads asynchronously (slots page-locked in
+// place through SlotMemoryHooks, the reads fenced by a SlotReleaseFence)
+// prepares the whole segment once at adopt() and undoes it when the pool is
+// destroyed, and gives a held slot back only after the fence passes.
+//
 // The whole segment is reserved at creation (see SharedSegment), so a pool
 // that does not fit /dev/shm fails at creation, never with SIGBUS later.
 //
@@ -26,7 +31,9 @@
 #include <vector>
 
 #include "leanloader/core/storage.h"
+#include "leanloader/pipeline/slot_memory_hooks.h"
 #include "leanloader/workers/shared_segment.h"
+#include "leanloader/workers/slot_release_fence.h"
 
 namespace leanloader {
 
@@ -41,8 +48,15 @@ class SlotPool : public std::enable_shared_from_this<SlotPool> {
   // batch and the main process attached): num_slots slots of slot_bytes from
   // offset 0. slot_bytes is not rounded here; it must be above 0 and
   // num_slots x slot_bytes must fit the segment, else InvalidArgument.
+  // With `hooks`, on_create(segment) runs here (its error propagates: no pool
+  // is made) and on_destroy(segment) when the pool is destroyed, before the
+  // segment is unmapped.
   static std::shared_ptr<SlotPool> adopt(std::shared_ptr<SharedSegment> segment, size_t slot_bytes,
-                                         size_t num_slots);
+                                         size_t num_slots,
+                                         std::shared_ptr<SlotMemoryHooks> hooks = nullptr);
+  ~SlotPool();
+  SlotPool(const SlotPool&) = delete;
+  SlotPool& operator=(const SlotPool&) = delete;
 
   // A free slot id, or nullopt when every slot is acquired or held. Never
   // blocks: the caller decides what to do when the pool is exhausted.
@@ -50,8 +64,10 @@ class SlotPool : public std::enable_shared_from_this<SlotPool> {
   // Returns an acquired slot that was never wrapped by hold().
   void release(size_t slot);
   // Wraps an acquired slot as a Storage; the slot becomes free again when
-  // the returned Storage (and every Tensor viewing it) is gone.
-  std::shared_ptr<Storage> hold(size_t slot);
+  // the returned Storage (and every Tensor viewing it) is gone, or with
+  // `fence`, once the fence says the reads queued before then are over (the
+  // pool lives at least until then).
+  std::shared_ptr<Storage> hold(size_t slot, std::shared_ptr<SlotReleaseFence> fence = nullptr);
 
   size_t slot_bytes() const noexcept { return slot_bytes_; }
   size_t num_slots() const noexcept { return num_slots_; }
@@ -67,6 +83,7 @@ class SlotPool : public std::enable_shared_from_this<SlotPool> {
   void give_back(size_t slot) noexcept;
 
   std::shared_ptr<SharedSegment> segment_;
+  std::shared_ptr<SlotMemoryHooks> hooks_;  // prepared the whole segment when set
   const size_t slot_bytes_;
   const size_t num_slots_;
   mutable std::mutex mutex_;

@@ -1,24 +1,62 @@
 """pin_memory=True: torch's checks and warnings, and a pin thread (as torch's
 ``_pin_memory_loop``) that pins the next batches while the training loop
 works on the current one, so that no pinning copy runs in the consumer's
-thread. Batches keep their order."""
+thread. Batches keep their order.
+
+With worker processes on a CUDA GPU, the shared segments the workers write
+batches into are page-locked in place (``InPlacePinning``): torch's pin
+function then finds their tensors pinned already and copies nothing. A
+segment goes back to the workers only after the copies the consumer queued
+from it have run (``_core.DeviceReadFence``, src/device/device_read_fence.cc).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import queue
 import threading
 import warnings
+from collections.abc import Callable, Iterator
 from typing import Any
+
+from leanloader import _core
 
 # A pin thread runs at most this many pinned batches ahead of the consumer.
 PIN_AHEAD = 2
 _POLL_S = 0.1
 
 
+# LEANLOADER_PIN_IN_PLACE=0: batch segments are not page-locked in place;
+# the pin thread copies every batch into torch's pinned memory, as torch does.
+PIN_IN_PLACE = os.environ.get("LEANLOADER_PIN_IN_PLACE", "1") != "0"
+
+# The stand-in device of the tests (use_stand_in): (runtime, current stream).
+_stand_in: tuple[Any, Callable[[], int]] | None = None
+STAND_IN = "host-stand-in"
+
+
+@contextlib.contextmanager
+def use_stand_in(runtime: Any, current_stream: Callable[[], int]) -> Iterator[None]:
+    """For tests on machines without a GPU: pin_memory=True pins batch
+    segments through `runtime` (_core.host_stand_in_runtime(): CUDA's stream
+    and event semantics on the CPU) as it would through CUDA, with
+    `current_stream()` as torch's current stream; torch's own pin function
+    (which needs an accelerator) is not called."""
+    global _stand_in
+    previous, _stand_in = _stand_in, (runtime, current_stream)
+    try:
+        yield
+    finally:
+        _stand_in = previous
+
+
 def pin_device(loader: Any) -> str | None:
     """The accelerator batches are pinned for, or None when nothing is pinned."""
     import torch
 
+    if loader.pin_memory and _stand_in is not None:
+        return STAND_IN
     if not loader.pin_memory or not torch.accelerator.is_available():
         return None
     accelerator = torch.accelerator.current_accelerator()
@@ -37,7 +75,7 @@ def pin_setup(loader: Any) -> None:
             f"ignore pin_memory_device='{loader.pin_memory_device}'.",
             stacklevel=4,
         )
-    if loader.pin_memory and not torch.accelerator.is_available():
+    if loader.pin_memory and _stand_in is None and not torch.accelerator.is_available():
         warnings.warn(
             "'pin_memory' argument is set as true but no accelerator is found, "
             "then device pinned memory won't be used.",
@@ -50,6 +88,69 @@ def pin_setup(loader: Any) -> None:
             "device pinned memory won't be used.",
             stacklevel=4,
         )
+
+
+class InPlacePinning:
+    """Page-locks the loader's batch segments where the workers wrote them,
+    and holds a dropped batch's segment back from the workers until the
+    device has run the copies queued from it on the consumer's streams (the
+    streams current when next() returned a batch, and where it was dropped)."""
+
+    def __init__(self, runtime: Any, current_stream: Callable[[], int]) -> None:
+        self.runtime = runtime
+        self.pinning = _core.HostPinning(runtime)
+        self.fence = _core.DeviceReadFence(runtime, current_stream)
+        self._current_stream = current_stream
+        # Segments the runtime refused to page-lock (the pin thread copies
+        # their batches instead, as torch does).
+        self.refused = 0
+
+    def adopt(self, segment: Any, size: int) -> Any:
+        """A one-slot pool over a worker's batch segment, page-locked."""
+        try:
+            return _core.SlotPool.adopt(segment, size, 1, pinning=self.pinning)
+        except RuntimeError:
+            self.refused += 1
+            return _core.SlotPool.adopt(segment, size, 1)
+
+    def consumer_took_a_batch(self) -> None:
+        self.fence.note_consumer_stream(self._current_stream())
+
+    @property
+    def pinned_bytes(self) -> int:
+        """Bytes of batch segments page-locked now."""
+        return self.pinning.pinned_bytes
+
+
+def in_place_pinning(loader: Any) -> InPlacePinning | None:
+    """The loader's in-place pinning of worker batch segments, when pinning
+    applies to a CUDA device (made once per loader)."""
+    device = pin_device(loader)
+    if device is None or not PIN_IN_PLACE or loader.num_workers == 0:
+        return None
+    if device not in (STAND_IN, "cuda"):
+        return None
+    existing = loader.__dict__.get("_in_place_pinning")
+    if existing is not None:
+        return existing
+    if device == STAND_IN:
+        assert _stand_in is not None
+        runtime, current_stream = _stand_in
+    else:
+        import torch
+
+        index = torch.cuda.current_device()
+        try:
+            runtime = _core.cuda_runtime(index)
+        except RuntimeError:
+            return None  # torch's pin function pins a copy of each batch instead
+
+        def current_stream() -> int:
+            return torch.cuda.current_stream(index).cuda_stream
+
+    made = InPlacePinning(runtime, current_stream)
+    loader.__dict__["_in_place_pinning"] = made
+    return made
 
 
 def stop_previous_pass(loader: Any) -> None:
@@ -66,7 +167,7 @@ def pinned(loader: Any, iterator: Any) -> Any:
     device = pin_device(loader)
     if device is None:
         return iterator
-    pinning = PinThread(iterator, device)
+    pinning = PinThread(iterator, device, loader.__dict__.get("_in_place_pinning"))
     if loader.persistent_workers:
         loader.__dict__["_pin_thread"] = pinning
     return pinning
@@ -75,14 +176,15 @@ def pinned(loader: Any, iterator: Any) -> Any:
 class PinThread:
     """Reads `inner` in a thread, pins each batch, and hands them over in order."""
 
-    def __init__(self, inner: Any, device: str) -> None:
+    def __init__(self, inner: Any, device: str, in_place: InPlacePinning | None = None) -> None:
         import torch
 
         self._inner = inner
+        self._in_place = in_place
         self._queue: queue.Queue = queue.Queue(maxsize=PIN_AHEAD)
         self._done = threading.Event()
         self._finished = False
-        device_index = torch.accelerator.current_device_index()
+        device_index = -1 if device == STAND_IN else torch.accelerator.current_device_index()
         self._thread = threading.Thread(
             target=_pin_loop, args=(inner, self._queue, self._done, device, device_index),
             name="leanloader-pin-memory", daemon=True,
@@ -110,6 +212,8 @@ class PinThread:
                     self._finished = True
                     raise RuntimeError("the pin_memory thread exited unexpectedly") from None
         if kind == "batch":
+            if self._in_place is not None:
+                self._in_place.consumer_took_a_batch()
             return value
         self._finished = True
         self._thread.join()
@@ -139,7 +243,10 @@ def _pin_loop(inner: Any, out: queue.Queue, done: threading.Event, device: str,
     from torch.utils.data._utils.pin_memory import pin_memory
 
     torch.set_num_threads(1)
-    torch.accelerator.set_device_index(device_index)
+    if device == STAND_IN:
+        pin_memory = _unpinned
+    else:
+        torch.accelerator.set_device_index(device_index)
     while not done.is_set():
         try:
             item = ("batch", pin_memory(next(inner), device))
@@ -147,11 +254,20 @@ def _pin_loop(inner: Any, out: queue.Queue, done: threading.Event, device: str,
             item = ("end", None)
         except BaseException as error:
             item = ("error", error)
+        kind = item[0]
         while not done.is_set():
             try:
                 out.put(item, timeout=_POLL_S)
                 break
             except queue.Full:
                 continue
-        if item[0] != "batch":
+        # The consumer holds the batch now: it, not this thread, drops it
+        # last, on the consumer's streams (which a pinned segment's fence
+        # records on).
+        item = None
+        if kind != "batch":
             return
+
+
+def _unpinned(batch: Any, _device: str) -> Any:
+    return batch

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from leanloader.dataloader.front import DataLoader
 
 from leanloader import _core
+from leanloader.dataloader.pin import in_place_pinning
 from leanloader.dataloader.worker import (
     UNGUARDED_EXIT,
     WAIT_FOR_SLOT,
@@ -97,6 +98,11 @@ class ProcessIterator:
         setup = loader.worker_setup(dataset)
         setup.sharding = sharding
         self._epoch = 0
+        # pin_memory=True on a GPU: segments are page-locked as they arrive,
+        # and a dropped batch's segment is fenced until the device's copies
+        # from it have run (dataloader/pin.py).
+        self._in_place_pinning = in_place_pinning(loader)
+        self._fence = self._in_place_pinning.fence if self._in_place_pinning else None
         # Batch segments, planned like ll.Loader's slots: one shared segment
         # per batch, created by the worker that produced the batch and sized
         # to it, adopted here as a one-slot SlotPool and recycled. At most
@@ -396,7 +402,7 @@ class ProcessIterator:
         payload = message[3]
         if payload[0] == "slot":
             pool, slot = self._task_slot.pop((epoch, task))
-            return task, unpack_batch(payload[3], pool.hold(slot))
+            return task, unpack_batch(payload[3], pool.hold(slot, self._fence))
         if payload[0] == "segment":
             # The worker wrote into a segment of its own (no segment was free
             # when the task was sent, or the offered one was too small).
@@ -421,14 +427,17 @@ class ProcessIterator:
             if os.fstat(segment.fd).st_ino != inode:
                 raise _Dead(f"leanloader DataLoader worker {worker} (pid {owner}) sent a batch "
                             "segment that is gone")  # fmt: skip
-            pool = _core.SlotPool.adopt(segment, size, 1)
+            if self._in_place_pinning is not None:
+                pool = self._in_place_pinning.adopt(segment, size)
+            else:
+                pool = _core.SlotPool.adopt(segment, size, 1)
             if offered is not None:
                 offered[0].release(offered[1])
                 if offered[0].slot_bytes < size:
                     self._forget(offered[0])  # too small for these batches
             self._retain(pool)
             slot = pool.acquire()
-            return task, unpack_batch(template, pool.hold(slot))
+            return task, unpack_batch(template, pool.hold(slot, self._fence))
         self._drop_slot(task)
         return task, pickle.loads(payload[1])
 

@@ -1,0 +1,134 @@
+"""ll.DataLoader(pin_memory=True) with worker processes: batch segments are
+page-locked where the workers wrote them (no pin copy), and a dropped batch's
+segment goes back to the workers only after the device copies queued from it
+have run. The device here is the CPU stand-in runtime (CUDA's stream and event
+semantics, host threads for streams); tests/gpu/ runs the same on CUDA."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import Dataset  # noqa: E402
+
+import leanloader as ll  # noqa: E402
+from leanloader import _core  # noqa: E402
+from leanloader.dataloader import pin  # noqa: E402
+
+ROW = 2048  # float32 values a sample
+
+
+class Numbered(Dataset):
+    def __len__(self) -> int:
+        return 48
+
+    def __getitem__(self, i: int):
+        return torch.full((ROW,), float(i)), i
+
+
+def wait_until(condition, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+class CurrentStream(threading.local):
+    """torch's current stream: per thread, the default stream until a thread
+    sets another (`with torch.cuda.stream(side)`)."""
+
+    def __init__(self, default: int) -> None:
+        self.stream = default
+
+    def __call__(self) -> int:
+        return self.stream
+
+
+@pytest.fixture
+def stand_in():
+    """A stand-in device with a default and a side stream."""
+    runtime = _core.host_stand_in_runtime()
+    streams = {"default": runtime.create_stream(), "side": runtime.create_stream()}
+    current = CurrentStream(streams["default"])
+    with pin.use_stand_in(runtime, current):
+        yield runtime, streams, current
+    gc.collect()
+    for stream in streams.values():
+        runtime.drain(stream)
+        runtime.destroy_stream(stream)
+
+
+def test_batch_segments_are_page_locked_in_place_and_released_with_the_loader(stand_in):
+    runtime, _streams, _current = stand_in
+    loader = ll.DataLoader(Numbered(), batch_size=4, num_workers=2, pin_memory=True)
+    reference = torch.utils.data.DataLoader(Numbered(), batch_size=4)
+    for _epoch in range(3):
+        for (values, labels), (want_values, want_labels) in zip(loader, reference, strict=True):
+            assert torch.equal(values, want_values) and torch.equal(labels, want_labels)
+            # The batch is the segment the worker wrote: pinned there, not copied.
+            assert _core.find_shared_segment(values.data_ptr()) is not None
+            pinning = loader._in_place_pinning
+            assert runtime.registered_bytes == pinning.pinned_bytes > 0
+    assert pinning.refused == 0
+    assert pinning.fence.fenced_total > 0
+    # Kept segments stay registered for the next pass, within the plan.
+    assert runtime.registrations >= 1
+    del loader, values, labels
+    gc.collect()
+    assert wait_until(lambda: runtime.registered_bytes == 0)
+
+
+def _copy_every_batch(runtime, loader, device_stream, current, copy_stream):
+    """Queues a slow copy of each batch's values on `copy_stream` (as
+    `.to(device, non_blocking=True)` with a busy GPU), drops the batch at once,
+    and returns (device block, expected first value) per batch."""
+    copies = []
+    for values, labels in loader:
+        current.stream = copy_stream
+        block = runtime.allocate(values.nbytes)
+        runtime.delay(copy_stream, 20)
+        runtime.copy_to_device(block, values.data_ptr(), values.nbytes, copy_stream)
+        copies.append((block, labels.tolist(), values.nbytes))
+        del values, labels  # dropped while the copy is still queued
+        current.stream = device_stream
+    return copies
+
+
+def _check_copies(runtime, copies, stream):
+    runtime.drain(stream)
+    import numpy as np
+
+    for block, labels, nbytes in copies:
+        got = np.frombuffer(runtime.read(block, nbytes), dtype=np.float32).reshape(len(labels), ROW)
+        assert got[:, 0].tolist() == [float(i) for i in labels]
+        assert (got == got[:, :1]).all()
+        runtime.free(block)
+
+
+@pytest.mark.parametrize("stream", ["default", "side"])
+def test_a_dropped_batch_is_not_overwritten_before_the_copy_queued_from_it_ran(stand_in, stream):
+    # "default": the copy on the stream current when next() returned the
+    # batch; "side": a prefetcher's copy and drop under another stream.
+    runtime, streams, current = stand_in
+    loader = ll.DataLoader(Numbered(), batch_size=2, num_workers=1, pin_memory=True,
+                           prefetch_factor=2)  # fmt: skip
+    copies = _copy_every_batch(runtime, loader, streams["default"], current, streams[stream])
+    assert len(copies) == 24
+    # Few segments served 24 batches: they were reused, each after its copy.
+    assert runtime.registrations < 24
+    _check_copies(runtime, copies, streams[stream])
+
+
+def test_without_in_place_pinning_nothing_is_registered(stand_in, monkeypatch):
+    runtime, _streams, _current = stand_in
+    monkeypatch.setattr(pin, "PIN_IN_PLACE", False)
+    loader = ll.DataLoader(Numbered(), batch_size=4, num_workers=1, pin_memory=True)
+    assert sum(len(labels) for _values, labels in loader) == 48
+    assert runtime.registrations == 0
+    assert "_in_place_pinning" not in loader.__dict__
