@@ -19,6 +19,8 @@ reads every byte of the batch (a sum) on the device.
 - ``torch``: ``DataLoader(num_workers=2, pin_memory=True, persistent_workers
   =True)`` over the rows of ``np.load(mmap_mode="r")``, ``.to("cuda",
   non_blocking=True)``, the same consumer.
+- ``ll-dataloader``: the same with ``ll.DataLoader`` (batch segments pinned
+  in place instead of a pin copy per batch).
 """
 
 from __future__ import annotations
@@ -157,13 +159,24 @@ class _Rows:
 
 
 def iterate_torch(context: LoaderContext) -> Iterator[Any]:
-    import torch
     from torch.utils.data import DataLoader
 
+    return _iterate_dataloader(context, DataLoader)
+
+
+def iterate_dataloader(context: LoaderContext) -> Iterator[Any]:
+    import leanloader as ll
+
+    return _iterate_dataloader(context, ll.DataLoader)
+
+
+def _iterate_dataloader(context: LoaderContext, loader_class: Any) -> Iterator[Any]:
+    import torch
+
     compute = _Compute(STEPS)
-    loader = DataLoader(_Rows(context.data["path"]), batch_size=BATCH_SIZE, shuffle=True,
-                        num_workers=THREADS, pin_memory=True, persistent_workers=True,
-                        generator=torch.Generator().manual_seed(context.seed))  # fmt: skip
+    loader = loader_class(_Rows(context.data["path"]), batch_size=BATCH_SIZE, shuffle=True,
+                          num_workers=THREADS, pin_memory=True, persistent_workers=True,
+                          generator=torch.Generator().manual_seed(context.seed))  # fmt: skip
     try:
         for rows, indices in loader:
             compute(rows.to("cuda", non_blocking=True))
@@ -216,11 +229,19 @@ SCENARIO = Scenario(
             imports=("torch",),
             label="torch DataLoader(pin_memory=True), 2 workers, same consumer",
         ),
+        LoaderRun(
+            name="ll-dataloader",
+            function=iterate_dataloader,
+            threads=THREADS,
+            imports=("leanloader", "torch"),
+            label="ll.DataLoader(pin_memory=True), 2 workers, same consumer",
+        ),
     ),
     ratios=(
         ("leanloader-copy", "h2d-limit"),
         ("leanloader", "resident"),
         ("leanloader", "torch"),
+        ("ll-dataloader", "torch"),
     ),
     goals=(
         Goal(
