@@ -23,13 +23,19 @@ namespace {
 // The stream current where a batch is released, asked of a Python callable
 // (torch's current stream): only on a thread that holds the GIL (a tensor
 // dropped by Python code) and never while the interpreter shuts down; an
-// exception in flight is kept as it was.
+// exception in flight is kept as it was. The callable is held by a weak
+// reference (its owner, the loader's pinning, holds it): a strong one, out
+// of the garbage collector's sight, could close a cycle through the
+// callable's globals that would keep the loader alive.
 class PythonCurrentStream {
  public:
-  explicit PythonCurrentStream(nb::object callable) : callable_(callable.release().ptr()) {}
+  explicit PythonCurrentStream(const nb::object& callable)
+      : weak_(PyWeakref_NewRef(callable.ptr(), nullptr)) {
+    if (weak_ == nullptr) nb::raise_python_error();
+  }
   ~PythonCurrentStream() {
-    // Without the GIL the reference is left (one small object, once per fence).
-    if (Py_IsInitialized() && PyGILState_Check()) Py_DECREF(callable_);
+    // Without the GIL the weak reference is left (one small object).
+    if (Py_IsInitialized() && PyGILState_Check()) Py_DECREF(weak_);
   }
   PythonCurrentStream(const PythonCurrentStream&) = delete;
   PythonCurrentStream& operator=(const PythonCurrentStream&) = delete;
@@ -39,10 +45,14 @@ class PythonCurrentStream {
     PyObject *type = nullptr, *value = nullptr, *traceback = nullptr;
     PyErr_Fetch(&type, &value, &traceback);
     std::optional<DeviceRuntime::Stream> stream;
-    if (PyObject* result = PyObject_CallNoArgs(callable_)) {
-      const unsigned long long handle = PyLong_AsUnsignedLongLong(result);
-      Py_DECREF(result);
-      if (!PyErr_Occurred()) stream = static_cast<DeviceRuntime::Stream>(handle);
+    PyObject* callable = strong_reference();
+    if (callable != nullptr) {
+      if (PyObject* result = PyObject_CallNoArgs(callable)) {
+        const unsigned long long handle = PyLong_AsUnsignedLongLong(result);
+        Py_DECREF(result);
+        if (!PyErr_Occurred()) stream = static_cast<DeviceRuntime::Stream>(handle);
+      }
+      Py_DECREF(callable);
     }
     PyErr_Clear();
     PyErr_Restore(type, value, traceback);
@@ -50,6 +60,18 @@ class PythonCurrentStream {
   }
 
  private:
+  // The callable (a new reference), or nullptr once it is gone.
+  PyObject* strong_reference() const noexcept {
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject* callable = nullptr;
+    return PyWeakref_GetRef(weak_, &callable) == 1 ? callable : nullptr;
+#else
+    PyObject* callable = PyWeakref_GetObject(weak_);  // borrowed; None once gone
+    if (callable == nullptr || callable == Py_None) return nullptr;
+    Py_INCREF(callable);
+    return callable;
+#endif
+  }
   static bool finalizing() noexcept {
 #if PY_VERSION_HEX >= 0x030D0000
     return Py_IsFinalizing();
@@ -57,7 +79,7 @@ class PythonCurrentStream {
     return _Py_IsFinalizing();
 #endif
   }
-  PyObject* callable_;
+  PyObject* weak_;
 };
 
 }  // namespace
@@ -147,8 +169,15 @@ void bind_device(nb::module_& m) {
             }
             new (self) DeviceReadFence(std::move(runtime), std::move(current));
           },
-          nb::arg("runtime"), nb::arg("current_stream") = nb::none())
+          nb::arg("runtime"), nb::arg("current_stream") = nb::none(),
+          "`current_stream()`: the stream current on the calling thread; held by a weak "
+          "reference (keep it alive).")
       .def("note_consumer_stream", &DeviceReadFence::note_consumer_stream, nb::arg("stream"))
+      .def("collect", &DeviceReadFence::collect,
+           "Gives back the slots whose device reads are over; returns how many.")
+      .def_prop_ro("ready_fd", &DeviceReadFence::ready_fd,
+                   "Readable while collect() has slots to give back.")
+      .def_prop_ro("completed", &DeviceReadFence::completed)
       .def_prop_ro("pending", &DeviceReadFence::pending)
       .def_prop_ro("fenced_total", &DeviceReadFence::fenced_total);
 

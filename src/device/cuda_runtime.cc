@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 
 #include <mutex>
+#include <new>
 #include <string>
 
 #include "leanloader/core/error.h"
@@ -21,12 +22,14 @@ using CudaStream = void*;                      // cudaStream_t
 using CudaEvent = void*;                       // cudaEvent_t
 constexpr unsigned kCudaHostRegisterPortable = 0x01;
 constexpr unsigned kCudaStreamNonBlocking = 0x01;
+constexpr unsigned kCudaEventBlockingSync = 0x01;
 constexpr unsigned kCudaEventDisableTiming = 0x02;
 constexpr int kCudaMemcpyHostToDevice = 1;
 
 struct CudaApi {
   void* library = nullptr;
   CudaError (*set_device)(int) = nullptr;
+  CudaError (*get_device)(int*) = nullptr;
   CudaError (*get_device_count)(int*) = nullptr;
   const char* (*get_error_string)(CudaError) = nullptr;
   CudaError (*host_register)(void*, size_t, unsigned) = nullptr;
@@ -76,6 +79,7 @@ CudaApi load_api() {
     return api;
   }
   const bool complete = resolve(api, api.set_device, "cudaSetDevice") &&
+                        resolve(api, api.get_device, "cudaGetDevice") &&
                         resolve(api, api.get_device_count, "cudaGetDeviceCount") &&
                         resolve(api, api.get_error_string, "cudaGetErrorString") &&
                         resolve(api, api.host_register, "cudaHostRegister") &&
@@ -118,6 +122,51 @@ void check(const detail::CudaApi& api, detail::CudaError status, const char* cal
               ErrorKind::kGeneric);
 }
 
+// Makes the runtime's GPU current on this thread for one call and puts the
+// thread's previous device back afterwards: the calling thread is often the
+// user's (a batch dropped in the training loop), whose current device torch
+// and the user's code rely on.
+// The device bound to this thread by bind_thread(), or -1.
+thread_local int bound_device = -1;
+
+class DeviceScope {
+ public:
+  // Throws Error when the device cannot be made current.
+  DeviceScope(const detail::CudaApi& api, int device) : api_(api) {
+    if (bound_device == device) return;
+    check(api_, api_.get_device(&previous_), "cudaGetDevice");
+    if (previous_ != device) {
+      check(api_, api_.set_device(device), "cudaSetDevice");
+      changed_ = true;
+    }
+  }
+  // For noexcept callers: `ok()` says whether the device is current.
+  DeviceScope(const detail::CudaApi& api, int device, std::nothrow_t) noexcept : api_(api) {
+    if (bound_device == device) {
+      ok_ = true;
+      return;
+    }
+    if (api_.get_device(&previous_) != detail::kCudaSuccess) return;
+    if (previous_ != device) {
+      if (api_.set_device(device) != detail::kCudaSuccess) return;
+      changed_ = true;
+    }
+    ok_ = true;
+  }
+  ~DeviceScope() {
+    if (changed_) api_.set_device(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+  bool ok() const noexcept { return ok_; }
+
+ private:
+  const detail::CudaApi& api_;
+  int previous_ = 0;
+  bool changed_ = false;
+  bool ok_ = false;
+};
+
 }  // namespace
 
 std::shared_ptr<CudaRuntime> CudaRuntime::load(int device_index) {
@@ -152,12 +201,13 @@ int CudaRuntime::device_count() noexcept {
   return api.get_device_count(&count) == detail::kCudaSuccess ? count : 0;
 }
 
-void CudaRuntime::select_device() const {
+void CudaRuntime::bind_thread() {
   check(*api_, api_->set_device(device_index_), "cudaSetDevice");
+  bound_device = device_index_;
 }
 
 void CudaRuntime::register_host(std::byte* data, size_t bytes) {
-  select_device();
+  const DeviceScope scope(*api_, device_index_);
   check(*api_, api_->host_register(data, bytes, detail::kCudaHostRegisterPortable),
         "cudaHostRegister");
 }
@@ -165,11 +215,12 @@ void CudaRuntime::register_host(std::byte* data, size_t bytes) {
 void CudaRuntime::unregister_host(std::byte* data) noexcept {
   // Errors are ignored: this runs as memory is freed, possibly after the CUDA
   // context is gone at process exit (the registration then went with it).
-  if (api_->set_device(device_index_) == detail::kCudaSuccess) api_->host_unregister(data);
+  const DeviceScope scope(*api_, device_index_, std::nothrow);
+  if (scope.ok()) api_->host_unregister(data);
 }
 
 std::byte* CudaRuntime::allocate(size_t bytes) {
-  select_device();
+  const DeviceScope scope(*api_, device_index_);
   void* data = nullptr;
   const detail::CudaError status = api_->malloc(&data, bytes);
   if (status != detail::kCudaSuccess) {
@@ -180,11 +231,12 @@ std::byte* CudaRuntime::allocate(size_t bytes) {
 }
 
 void CudaRuntime::free(std::byte* data) noexcept {
-  if (api_->set_device(device_index_) == detail::kCudaSuccess) api_->free(data);
+  const DeviceScope scope(*api_, device_index_, std::nothrow);
+  if (scope.ok()) api_->free(data);
 }
 
 DeviceRuntime::Stream CudaRuntime::create_stream() {
-  select_device();
+  const DeviceScope scope(*api_, device_index_);
   detail::CudaStream stream = nullptr;
   check(*api_, api_->stream_create_with_flags(&stream, detail::kCudaStreamNonBlocking),
         "cudaStreamCreateWithFlags");
@@ -196,9 +248,13 @@ void CudaRuntime::destroy_stream(Stream stream) noexcept {
 }
 
 DeviceRuntime::Event CudaRuntime::create_event() {
-  select_device();
+  const DeviceScope scope(*api_, device_index_);
   detail::CudaEvent event = nullptr;
-  check(*api_, api_->event_create_with_flags(&event, detail::kCudaEventDisableTiming),
+  // Blocking: a thread that waits for the event sleeps instead of spinning
+  // a core for a whole GPU step.
+  check(*api_,
+        api_->event_create_with_flags(
+            &event, detail::kCudaEventBlockingSync | detail::kCudaEventDisableTiming),
         "cudaEventCreateWithFlags");
   return reinterpret_cast<Event>(event);
 }
@@ -209,7 +265,7 @@ void CudaRuntime::destroy_event(Event event) noexcept {
 
 void CudaRuntime::copy_to_device(std::byte* device, const std::byte* host, size_t bytes,
                                  Stream stream) {
-  select_device();
+  const DeviceScope scope(*api_, device_index_);
   check(*api_,
         api_->memcpy_async(device, host, bytes, detail::kCudaMemcpyHostToDevice,
                            reinterpret_cast<detail::CudaStream>(stream)),
@@ -217,7 +273,7 @@ void CudaRuntime::copy_to_device(std::byte* device, const std::byte* host, size_
 }
 
 void CudaRuntime::record(Event event, Stream stream) {
-  select_device();
+  const DeviceScope scope(*api_, device_index_);
   check(*api_,
         api_->event_record(reinterpret_cast<detail::CudaEvent>(event),
                            reinterpret_cast<detail::CudaStream>(stream)),
@@ -225,7 +281,7 @@ void CudaRuntime::record(Event event, Stream stream) {
 }
 
 void CudaRuntime::wait(Stream stream, Event event) {
-  select_device();
+  const DeviceScope scope(*api_, device_index_);
   check(*api_,
         api_->stream_wait_event(reinterpret_cast<detail::CudaStream>(stream),
                                 reinterpret_cast<detail::CudaEvent>(event), 0),
@@ -233,6 +289,7 @@ void CudaRuntime::wait(Stream stream, Event event) {
 }
 
 bool CudaRuntime::done(Event event) {
+  const DeviceScope scope(*api_, device_index_);
   const detail::CudaError status = api_->event_query(reinterpret_cast<detail::CudaEvent>(event));
   if (status == detail::kCudaErrorNotReady) return false;
   check(*api_, status, "cudaEventQuery");
@@ -240,6 +297,9 @@ bool CudaRuntime::done(Event event) {
 }
 
 void CudaRuntime::synchronize(Event event) {
+  // (The device is made current so that a waiting thread's first CUDA call
+  // does not create a context on device 0.)
+  const DeviceScope scope(*api_, device_index_);
   check(*api_, api_->event_synchronize(reinterpret_cast<detail::CudaEvent>(event)),
         "cudaEventSynchronize");
 }

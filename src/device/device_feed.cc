@@ -188,6 +188,11 @@ struct DeviceFeedState {
   }
 
   void complete_copies() {
+    try {
+      runtime->bind_thread();
+    } catch (...) {
+      // Each wait then makes the device current for itself.
+    }
     std::unique_lock lock(copies_mutex);
     while (true) {
       copies_changed.wait(lock, [&] { return stopping || !copies.empty(); });

@@ -31,7 +31,8 @@ class SlotStorage final : public Storage {
       give_back = [pool = pool_, slot = slot_] { pool->give_back(slot); };
     } catch (...) {
       // No memory for the callback: the slot stays out of use (lost to this
-      // pool, never overwritten under a pending read).
+      // pool). Were this the pool's last reference, the pool would go now,
+      // even under a pending read: out of memory, nothing here can wait.
       return;
     }
     fence_->after_pending_reads(std::move(give_back));

@@ -7,6 +7,9 @@ semantics, host threads for streams); tests/gpu/ runs the same on CUDA."""
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 
@@ -79,7 +82,7 @@ def test_batch_segments_are_page_locked_in_place_and_released_with_the_loader(st
     assert pinning.fence.fenced_total > 0
     # Kept segments stay registered for the next pass, within the plan.
     assert runtime.registrations >= 1
-    del loader, values, labels
+    del loader, values, labels, pinning
     gc.collect()
     assert wait_until(lambda: runtime.registered_bytes == 0)
 
@@ -132,3 +135,78 @@ def test_without_in_place_pinning_nothing_is_registered(stand_in, monkeypatch):
     assert sum(len(labels) for _values, labels in loader) == 48
     assert runtime.registrations == 0
     assert "_in_place_pinning" not in loader.__dict__
+
+
+# Run as scripts, each with a deadline: a deadlock fails the test instead of
+# hanging the suite, and the interpreter's exit is part of what is checked.
+SCRIPT = textwrap.dedent(
+    """
+    import functools, sys
+    import torch
+    from torch.utils.data import Dataset
+    import leanloader as ll
+    from leanloader import _core
+    from leanloader.dataloader import pin
+
+    class Rows(Dataset):
+        def __init__(self, values, rows=12):
+            self.values, self.rows = values, rows
+        def __len__(self):
+            return self.rows
+        def __getitem__(self, i):
+            return torch.full((self.values,), float(i)), i
+
+    if __name__ == "__main__":
+        runtime = _core.host_stand_in_runtime()
+        stream = runtime.create_stream()
+        current = functools.partial(int, stream)
+        with pin.use_stand_in(runtime, current):
+            {body}
+        print("finished", flush=True)
+    """
+)
+
+
+def run_script(tmp_path, body: str) -> subprocess.CompletedProcess:
+    script = tmp_path / "pinning.py"
+    script.write_text(SCRIPT.format(body=textwrap.indent(textwrap.dedent(body), " " * 8).strip()))
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                            timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "finished" in result.stdout
+    assert "leaked" not in result.stderr, result.stderr  # nanobind's count at exit
+    return result
+
+
+def test_large_segments_freed_per_batch_while_the_consumer_takes_the_next(tmp_path):
+    # 96 MiB batches: above the size kept for reuse, each segment is
+    # unregistered and freed when its fence passes, while the consumer thread
+    # takes batches and the fence's thread waits.
+    run_script(tmp_path, """
+        loader = ll.DataLoader(Rows(8 << 20, 48), batch_size=3, num_workers=2, pin_memory=True)
+        for epoch in range(2):
+            for values, labels in loader:
+                runtime.delay(stream, 5)
+                assert values[:, 0].tolist() == [float(i) for i in labels]
+        del values, labels
+        assert loader._in_place_pinning.refused == 0
+    """)  # fmt: skip
+
+
+def test_dropping_the_loader_with_releases_pending_and_exiting_with_batches_alive(tmp_path):
+    run_script(tmp_path, """
+        loader = ll.DataLoader(Rows(1024), batch_size=4, num_workers=1, pin_memory=True)
+        batches = list(loader)  # kept at exit (module level, as scripts do)
+        runtime.delay(stream, 200)  # the device is still busy
+        del batches[:2]
+        del loader  # the fence goes with releases pending
+        fence = _core.DeviceReadFence(runtime, current)
+        fence.note_consumer_stream(stream)
+        pool = _core.SlotPool.adopt(_core.SharedSegment.create(1 << 16), 1 << 16, 1,
+                                    pinning=_core.HostPinning(runtime))
+        hold = pool.hold(pool.acquire(), fence)
+        del pool
+        runtime.delay(stream, 200)
+        del hold  # released under a pending read...
+        del fence  # ...and the fence (its last reference) goes before it completes
+    """)  # fmt: skip

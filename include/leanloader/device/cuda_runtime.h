@@ -3,9 +3,12 @@
 // builds, imports and runs without CUDA, and in a process where torch with
 // CUDA is imported, dlopen by soname finds the libcudart torch loaded.
 //
-// Every call selects the runtime's device first (cudaSetDevice is per
-// thread, and the feed's threads are ours). Failures are leanloader Errors
-// naming the call and CUDA's own message.
+// Every call makes the runtime's device current for the call and then puts
+// the thread's previous device back (cudaSetDevice is per thread, and a call
+// may come from the user's thread: a batch dropped in the training loop);
+// the loader's own threads bind_thread() instead, so that they never make a
+// context on another device. Failures are leanloader Errors naming the call
+// and CUDA's own message.
 //
 // Thread-safety: every method may be called from any thread.
 #pragma once
@@ -33,6 +36,7 @@ class CudaRuntime final : public DeviceRuntime {
   std::string name() const override { return "cuda:" + std::to_string(device_index_); }
   DeviceLocation location() const override { return {DeviceLocation::Type::kCuda, device_index_}; }
 
+  void bind_thread() override;
   void register_host(std::byte* data, size_t bytes) override;
   void unregister_host(std::byte* data) noexcept override;
   std::byte* allocate(size_t bytes) override;
@@ -51,7 +55,6 @@ class CudaRuntime final : public DeviceRuntime {
  private:
   CudaRuntime(const detail::CudaApi* api, int device_index)
       : api_(api), device_index_(device_index) {}
-  void select_device() const;
 
   const detail::CudaApi* api_;
   int device_index_;

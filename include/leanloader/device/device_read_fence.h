@@ -11,13 +11,20 @@
 // it took batches (note_consumer_stream), and those current where batches
 // were dropped (the `current_stream` callback, asked at each release, when it
 // knows one), this release's included; up to kMaxStreams distinct streams are
-// remembered. A completion thread gives the slot back once every one of those
-// events has completed. A copy queued on a stream the fence has never seen (a
-// batch copied under another stream and dropped elsewhere, the first time)
-// is not covered (docs/gpu.md says so).
+// remembered, and a stream the runtime refuses (destroyed since) is
+// forgotten. A copy queued on a stream the fence has never seen (a batch
+// copied under another stream and dropped elsewhere, the first time) is not
+// covered (docs/gpu.md says so).
 //
-// Thread-safety: every method may be called from any thread. The destructor
-// waits for the pending events and runs their callbacks.
+// A thread of the fence waits for those events; it never runs the releases'
+// callbacks itself, because they let go of memory whose owners may need the
+// caller's locks (Python objects need the GIL): collect() runs the callbacks
+// of completed releases on the caller's thread, and ready_fd() becomes
+// readable when there are some. The destructor waits for every pending event
+// and runs the remaining callbacks.
+//
+// Thread-safety: every method may be called from any thread; callbacks run
+// on the thread that calls collect() or the destructor.
 #pragma once
 
 #include <condition_variable>
@@ -40,22 +47,29 @@ class DeviceReadFence final : public SlotReleaseFence {
   // The stream current on the calling thread, or nullopt when it cannot be
   // known there. Must not throw.
   using CurrentStream = std::function<std::optional<DeviceRuntime::Stream>()>;
+  static constexpr size_t kMaxStreams = 64;
 
+  // Throws IoError when no eventfd can be made.
   explicit DeviceReadFence(std::shared_ptr<DeviceRuntime> runtime,
                            CurrentStream current_stream = {});
   ~DeviceReadFence() override;
   DeviceReadFence(const DeviceReadFence&) = delete;
   DeviceReadFence& operator=(const DeviceReadFence&) = delete;
 
-  static constexpr size_t kMaxStreams = 64;
-
   // The consumer took a batch with `stream` current: releases from now on
   // also fence that stream.
   void note_consumer_stream(DeviceRuntime::Stream stream);
   void after_pending_reads(std::function<void()> then) noexcept override;
 
-  // Releases waiting for their events now; releases fenced so far.
+  // Runs the callbacks of the releases whose reads are over; returns how many.
+  size_t collect();
+  // Readable (an eventfd) while completed releases wait for collect().
+  int ready_fd() const noexcept { return ready_fd_; }
+
+  // Releases whose reads may still run, completed ones not yet collected,
+  // and every release so far.
   size_t pending() const;
+  size_t completed() const;
   uint64_t fenced_total() const;
 
  private:
@@ -63,21 +77,25 @@ class DeviceReadFence final : public SlotReleaseFence {
     std::vector<DeviceRuntime::Event> events;
     std::function<void()> then;
   };
-  void complete_releases();
+  void wait_for_releases();
   void remember(DeviceRuntime::Stream stream);  // with mutex_ held
+  void forget(DeviceRuntime::Stream stream);
   DeviceRuntime::Event take_event();
+  void signal_ready() noexcept;
 
   std::shared_ptr<DeviceRuntime> runtime_;
   CurrentStream current_stream_;
+  int ready_fd_ = -1;
   mutable std::mutex mutex_;
   std::condition_variable changed_;
   std::vector<DeviceRuntime::Stream> consumer_streams_;
   std::vector<DeviceRuntime::Event> free_events_;
-  std::deque<Release> releases_;
-  bool in_progress_ = false;  // the completion thread is waiting on one release
+  std::deque<Release> waiting_;    // events recorded, not all complete yet
+  std::deque<Release> completed_;  // for collect()
+  bool in_progress_ = false;       // the thread is waiting on one release
   bool stopping_ = false;
   uint64_t fenced_total_ = 0;
-  std::thread completer_;
+  std::thread waiter_;
 };
 
 }  // namespace leanloader

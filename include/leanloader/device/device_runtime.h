@@ -35,6 +35,11 @@ class DeviceRuntime {
 
   // Page-locks [data, data + bytes) in place, so copies from it are DMA
   // without a staging copy; unregister before the memory is freed.
+  // A thread of the loader's own that uses this runtime calls this first:
+  // the runtime's device stays current on it (nothing to restore later).
+  // Throws when the device cannot be made current.
+  virtual void bind_thread() {}
+
   virtual void register_host(std::byte* data, size_t bytes) = 0;
   virtual void unregister_host(std::byte* data) noexcept = 0;
 

@@ -293,6 +293,8 @@ class ProcessIterator:
             # Segments the consumer dropped since the last call go to tasks
             # sent while none was free (the worker takes the offer if it has
             # not written its batch yet, else it made its own segment).
+            if self._fence is not None:
+                self._fence.collect()  # pinned segments whose copies have run
             self._offer_slots()
             return self._next_data()
         except StopIteration:
@@ -360,8 +362,14 @@ class ProcessIterator:
         start = time.monotonic()
         sentinels = {w.sentinel: i for i, w in enumerate(self._workers)}
         conns = {c: i for i, c in enumerate(self._result_conns)}
+        # Pinned segments come back when the device's copies from them have
+        # run: the fence's descriptor is readable then.
+        fence = [self._fence.ready_fd] if self._fence is not None else []
         while True:
-            ready = multiprocessing.connection.wait([*conns, *sentinels], timeout=POLL_S)
+            ready = multiprocessing.connection.wait([*conns, *sentinels, *fence], timeout=POLL_S)
+            if fence and fence[0] in ready:
+                self._fence.collect()
+                self._offer_slots()
             for item in ready:
                 if item in conns:
                     try:

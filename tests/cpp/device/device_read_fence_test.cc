@@ -4,6 +4,7 @@
 #include "leanloader/device/device_read_fence.h"
 
 #include <gtest/gtest.h>
+#include <poll.h>
 
 #include <chrono>
 #include <cstring>
@@ -72,7 +73,8 @@ TEST(DeviceReadFenceTest, AReleasedSlotWaitsForTheCopyQueuedOnTheConsumersStream
   }                                           // the batch is dropped at once
   EXPECT_EQ(batch.pool->slots_in_use(), 1u);  // not yet reusable
   EXPECT_EQ(fence->pending(), 1u);
-  ASSERT_TRUE(wait_until([&] { return batch.pool->slots_in_use() == 0; }));
+  ASSERT_TRUE(wait_until([&] { return fence->collect() == 1; }));
+  EXPECT_EQ(batch.pool->slots_in_use(), 0u);
   // The next batch written into the slot cannot reach the copy any more.
   std::memset(batch.pool->segment()->data(), 9, bytes);
   runtime->drain(consumer);
@@ -101,7 +103,8 @@ TEST(DeviceReadFenceTest, TheStreamCurrentWhereTheBatchIsDroppedIsFencedToo) {
   }
   EXPECT_EQ(batch.pool->slots_in_use(), 1u);
   runtime->drain(side);
-  ASSERT_TRUE(wait_until([&] { return batch.pool->slots_in_use() == 0; }));
+  ASSERT_TRUE(wait_until([&] { return fence->collect() == 1; }));
+  EXPECT_EQ(batch.pool->slots_in_use(), 0u);
   runtime->destroy_stream(side);
 }
 
@@ -114,7 +117,7 @@ TEST(DeviceReadFenceTest, AStreamSeenAtOneReleaseIsFencedAtLaterReleasesToo) {
   auto fence = std::make_shared<DeviceReadFence>(runtime, [&current] { return current; });
   PinnedBatch first(pinning, 4096, 1);
   first.pool->hold(first.slot, fence).reset();  // dropped under `side`: remembered
-  ASSERT_TRUE(wait_until([&] { return first.pool->slots_in_use() == 0; }));
+  ASSERT_TRUE(wait_until([&] { return fence->collect() == 1; }));
   // The next batch is copied on `side` but dropped where `other` is current.
   current = other;
   PinnedBatch second(pinning, 4096, 2);
@@ -123,7 +126,8 @@ TEST(DeviceReadFenceTest, AStreamSeenAtOneReleaseIsFencedAtLaterReleasesToo) {
   std::this_thread::sleep_for(50ms);
   EXPECT_EQ(second.pool->slots_in_use(), 1u);
   runtime->drain(side);
-  ASSERT_TRUE(wait_until([&] { return second.pool->slots_in_use() == 0; }));
+  ASSERT_TRUE(wait_until([&] { return fence->collect() == 1; }));
+  EXPECT_EQ(second.pool->slots_in_use(), 0u);
   runtime->destroy_stream(side);
   runtime->destroy_stream(other);
 }
@@ -146,7 +150,11 @@ TEST(DeviceReadFenceTest, ASegmentIsUnlockedAndUnmappedOnlyAfterItsPendingReads)
   // Pool and batch are gone for the host; the copy has not run yet.
   EXPECT_EQ(runtime->registered_bytes(), bytes);
   runtime->drain(consumer);
-  ASSERT_TRUE(wait_until([&] { return runtime->registered_bytes() == 0; }));
+  ASSERT_TRUE(wait_until([&] { return fence->completed() == 1; }));
+  // The pool goes (unlocked, unmapped) when its release is collected.
+  EXPECT_EQ(runtime->registered_bytes(), bytes);
+  EXPECT_EQ(fence->collect(), 1u);
+  EXPECT_EQ(runtime->registered_bytes(), 0u);
   EXPECT_EQ(std::memcmp(device, std::vector<std::byte>(bytes, std::byte{3}).data(), bytes), 0);
   runtime->free(device);
   runtime->destroy_stream(consumer);
@@ -170,6 +178,29 @@ TEST(DeviceReadFenceTest, DestroyingTheFenceWaitsForItsPendingReleases) {
   // The fence is gone, and its pending release completed first.
   EXPECT_GE(std::chrono::steady_clock::now() - start, 100ms);
   EXPECT_EQ(pool->slots_in_use(), 0u);
+  runtime->destroy_stream(consumer);
+}
+
+TEST(DeviceReadFenceTest, ItsDescriptorIsReadableWhileCompletedReleasesWaitForCollection) {
+  auto runtime = std::make_shared<HostStandInRuntime>();
+  auto pinning = std::make_shared<HostPinning>(runtime);
+  const auto consumer = runtime->create_stream();
+  auto fence = std::make_shared<DeviceReadFence>(runtime);
+  fence->note_consumer_stream(consumer);
+  PinnedBatch batch(pinning, 4096, 1);
+  const auto readable = [&](int timeout_ms) {
+    pollfd watched{fence->ready_fd(), POLLIN, 0};
+    return ::poll(&watched, 1, timeout_ms) == 1;
+  };
+  EXPECT_FALSE(readable(0));
+  runtime->delay(consumer, 100ms);
+  batch.pool->hold(batch.slot, fence).reset();
+  EXPECT_FALSE(readable(20));  // the copy stream is still busy
+  EXPECT_TRUE(readable(10000));
+  EXPECT_EQ(batch.pool->slots_in_use(), 1u);  // nothing runs until collected
+  EXPECT_EQ(fence->collect(), 1u);
+  EXPECT_EQ(batch.pool->slots_in_use(), 0u);
+  EXPECT_FALSE(readable(0));
   runtime->destroy_stream(consumer);
 }
 
