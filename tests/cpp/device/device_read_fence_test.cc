@@ -43,9 +43,25 @@ bool wait_until(const std::function<bool()>& condition) {
   return true;
 }
 
-TEST(DeviceReadFenceTest, AnAdoptedSegmentIsPageLockedWhileItsPoolLives) {
-  auto runtime = std::make_shared<HostStandInRuntime>();
-  auto pinning = std::make_shared<HostPinning>(runtime);
+// The stand-in device, its pinning and a consumer stream (destroyed after
+// the test's batches and fences, which may record on it).
+class DeviceReadFenceTest : public ::testing::Test {
+ protected:
+  void TearDown() override { runtime->destroy_stream(consumer); }
+
+  std::shared_ptr<HostStandInRuntime> runtime = std::make_shared<HostStandInRuntime>();
+  std::shared_ptr<HostPinning> pinning = std::make_shared<HostPinning>(runtime);
+  DeviceRuntime::Stream consumer = runtime->create_stream();
+
+  // A fence that knows the consumer stream.
+  std::shared_ptr<DeviceReadFence> consumer_fence() {
+    auto fence = std::make_shared<DeviceReadFence>(runtime);
+    fence->note_consumer_stream(consumer);
+    return fence;
+  }
+};
+
+TEST_F(DeviceReadFenceTest, AnAdoptedSegmentIsPageLockedWhileItsPoolLives) {
   {
     PinnedBatch batch(pinning, 3 * 4096, 1);
     EXPECT_EQ(runtime->registered_bytes(), 3u * 4096u);
@@ -56,12 +72,8 @@ TEST(DeviceReadFenceTest, AnAdoptedSegmentIsPageLockedWhileItsPoolLives) {
   EXPECT_EQ(pinning->peak_pinned_bytes(), 3u * 4096u);
 }
 
-TEST(DeviceReadFenceTest, AReleasedSlotWaitsForTheCopyQueuedOnTheConsumersStream) {
-  auto runtime = std::make_shared<HostStandInRuntime>();
-  auto pinning = std::make_shared<HostPinning>(runtime);
-  auto fence = std::make_shared<DeviceReadFence>(runtime);
-  const auto consumer = runtime->create_stream();
-  fence->note_consumer_stream(consumer);
+TEST_F(DeviceReadFenceTest, AReleasedSlotWaitsForTheCopyQueuedOnTheConsumersStream) {
+  auto fence = consumer_fence();
   const size_t bytes = 4096;
   PinnedBatch batch(pinning, bytes, 7);
   std::byte* device = runtime->allocate(bytes);
@@ -84,12 +96,9 @@ TEST(DeviceReadFenceTest, AReleasedSlotWaitsForTheCopyQueuedOnTheConsumersStream
   EXPECT_EQ(fence->fenced_total(), 1u);
   EXPECT_EQ(fence->pending(), 0u);
   runtime->free(device);
-  runtime->destroy_stream(consumer);
 }
 
-TEST(DeviceReadFenceTest, TheStreamCurrentWhereTheBatchIsDroppedIsFencedToo) {
-  auto runtime = std::make_shared<HostStandInRuntime>();
-  auto pinning = std::make_shared<HostPinning>(runtime);
+TEST_F(DeviceReadFenceTest, TheStreamCurrentWhereTheBatchIsDroppedIsFencedToo) {
   const auto side = runtime->create_stream();
   // A prefetcher's pattern: next() on one stream, the copy and the drop
   // under `with torch.cuda.stream(side)`.
@@ -108,9 +117,7 @@ TEST(DeviceReadFenceTest, TheStreamCurrentWhereTheBatchIsDroppedIsFencedToo) {
   runtime->destroy_stream(side);
 }
 
-TEST(DeviceReadFenceTest, AStreamSeenAtOneReleaseIsFencedAtLaterReleasesToo) {
-  auto runtime = std::make_shared<HostStandInRuntime>();
-  auto pinning = std::make_shared<HostPinning>(runtime);
+TEST_F(DeviceReadFenceTest, AStreamSeenAtOneReleaseIsFencedAtLaterReleasesToo) {
   const auto side = runtime->create_stream();
   const auto other = runtime->create_stream();
   std::optional<DeviceRuntime::Stream> current = side;
@@ -132,12 +139,8 @@ TEST(DeviceReadFenceTest, AStreamSeenAtOneReleaseIsFencedAtLaterReleasesToo) {
   runtime->destroy_stream(other);
 }
 
-TEST(DeviceReadFenceTest, ASegmentIsUnlockedAndUnmappedOnlyAfterItsPendingReads) {
-  auto runtime = std::make_shared<HostStandInRuntime>();
-  auto pinning = std::make_shared<HostPinning>(runtime);
-  auto fence = std::make_shared<DeviceReadFence>(runtime);
-  const auto consumer = runtime->create_stream();
-  fence->note_consumer_stream(consumer);
+TEST_F(DeviceReadFenceTest, ASegmentIsUnlockedAndUnmappedOnlyAfterItsPendingReads) {
+  auto fence = consumer_fence();
   const size_t bytes = 64 * 4096;
   std::byte* device = runtime->allocate(bytes);
   {
@@ -157,18 +160,13 @@ TEST(DeviceReadFenceTest, ASegmentIsUnlockedAndUnmappedOnlyAfterItsPendingReads)
   EXPECT_EQ(runtime->registered_bytes(), 0u);
   EXPECT_EQ(std::memcmp(device, std::vector<std::byte>(bytes, std::byte{3}).data(), bytes), 0);
   runtime->free(device);
-  runtime->destroy_stream(consumer);
 }
 
-TEST(DeviceReadFenceTest, DestroyingTheFenceWaitsForItsPendingReleases) {
-  auto runtime = std::make_shared<HostStandInRuntime>();
-  auto pinning = std::make_shared<HostPinning>(runtime);
-  const auto consumer = runtime->create_stream();
+TEST_F(DeviceReadFenceTest, DestroyingTheFenceWaitsForItsPendingReleases) {
   std::shared_ptr<SlotPool> pool;
   const auto start = std::chrono::steady_clock::now();
   {
-    auto fence = std::make_shared<DeviceReadFence>(runtime);
-    fence->note_consumer_stream(consumer);
+    auto fence = consumer_fence();
     PinnedBatch batch(pinning, 4096, 1);
     pool = batch.pool;
     runtime->delay(consumer, 100ms);
@@ -178,15 +176,10 @@ TEST(DeviceReadFenceTest, DestroyingTheFenceWaitsForItsPendingReleases) {
   // The fence is gone, and its pending release completed first.
   EXPECT_GE(std::chrono::steady_clock::now() - start, 100ms);
   EXPECT_EQ(pool->slots_in_use(), 0u);
-  runtime->destroy_stream(consumer);
 }
 
-TEST(DeviceReadFenceTest, ItsDescriptorIsReadableWhileCompletedReleasesWaitForCollection) {
-  auto runtime = std::make_shared<HostStandInRuntime>();
-  auto pinning = std::make_shared<HostPinning>(runtime);
-  const auto consumer = runtime->create_stream();
-  auto fence = std::make_shared<DeviceReadFence>(runtime);
-  fence->note_consumer_stream(consumer);
+TEST_F(DeviceReadFenceTest, ItsDescriptorIsReadableWhileCompletedReleasesWaitForCollection) {
+  auto fence = consumer_fence();
   PinnedBatch batch(pinning, 4096, 1);
   const auto readable = [&](int timeout_ms) {
     pollfd watched{fence->ready_fd(), POLLIN, 0};
@@ -201,12 +194,9 @@ TEST(DeviceReadFenceTest, ItsDescriptorIsReadableWhileCompletedReleasesWaitForCo
   EXPECT_EQ(fence->collect(), 1u);
   EXPECT_EQ(batch.pool->slots_in_use(), 0u);
   EXPECT_FALSE(readable(0));
-  runtime->destroy_stream(consumer);
 }
 
-TEST(DeviceReadFenceTest, WithoutAFenceASlotComesBackWithItsLastView) {
-  auto runtime = std::make_shared<HostStandInRuntime>();
-  auto pinning = std::make_shared<HostPinning>(runtime);
+TEST_F(DeviceReadFenceTest, WithoutAFenceASlotComesBackWithItsLastView) {
   PinnedBatch batch(pinning, 4096, 1);
   batch.pool->hold(batch.slot).reset();
   EXPECT_EQ(batch.pool->slots_in_use(), 0u);
