@@ -43,14 +43,13 @@ LoaderMemoryPlan plan_loader_memory(const LoaderMemoryInput& in) {
           {"device blocks (prefetch_to_device + 2)", 0, 0, times(blocks, batch)});
     }
   } else {
+    // With pin_memory the segments are page-locked where the workers wrote
+    // them: the same memory, no copies (dataloader/pin.py).
     const size_t in_flight = plus(times(prefetch, workers), 1);
+    const size_t segments = times(in_flight, batch);
     plan.leanloader.push_back(
-        {"batch segments (prefetch x workers + 1)", times(in_flight, batch), 0, 0});
+        {"batch segments (prefetch x workers + 1)", segments, in.pin_memory ? segments : 0, 0});
     plan.leanloader.push_back({"worker processes", times(workers, in.worker_process_bytes), 0, 0});
-    if (in.pin_memory) {
-      plan.leanloader.push_back(
-          {"pin_memory copies (prefetch x workers + 1)", 0, times(in_flight, batch), 0});
-    }
     if (in.device)
       plan.leanloader.push_back({"batch on the device (new, old)", 0, 0, times(2, batch)});
   }

@@ -284,6 +284,11 @@ def test_loader_estimate_of_seed_004_by_hand(capsys):
                     "device_bytes": 3 * batch}  # fmt: skip
     out = estimate_json(capsys, *SEED_004, "--dataloader")
     assert totals(out["leanloader"])["host_bytes"] == 9 * batch + 4 * worker
+    # With pin_memory the same 9 segments are page-locked in place (torch: 9 copies more).
+    out = estimate_json(capsys, *SEED_004, "--dataloader", "--pin-memory")
+    assert totals(out["leanloader"])["host_bytes"] == 9 * batch + 4 * worker
+    assert totals(out["leanloader"])["pinned_bytes"] == 9 * batch
+    assert totals(out["torch"])["host_bytes"] == 18 * batch + 4 * worker
 
 
 def test_loader_estimate_text_names_every_component(capsys):

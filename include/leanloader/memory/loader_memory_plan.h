@@ -6,9 +6,9 @@
 //   batch slots          (prefetch + 2) x batch   host; all pinned with a device
 //   device blocks        (prefetch_to_device + 2) x batch   VRAM, with a device
 // leanloader, process workers (ll.DataLoader, workers = w):
-//   batch segments       (prefetch x w + 1) x batch   host (shared memory)
+//   batch segments       (prefetch x w + 1) x batch   host (shared memory); with
+//                                                     pin_memory page-locked in place
 //   worker processes     w x worker_process_bytes     host
-//   pinned copies        (prefetch x w + 1) x batch   pinned, with pin_memory
 //   batch on the device  2 x batch                    VRAM (the new one, the old one)
 // torch DataLoader (w >= 1 workers, prefetch_factor p; w = 0: one batch):
 //   worker batches       p x w x batch                host (shared memory)
@@ -17,7 +17,7 @@
 //   worker processes     w x worker_process_bytes     host
 //   batch on the device  2 x batch                    VRAM (.to(device): the new, the old)
 // "pinned" bytes are part of "host" where the memory is the same (leanloader's
-// slots) and extra where they are copies (torch's pin_memory).
+// slots and segments) and extra where they are copies (torch's pin_memory).
 #pragma once
 
 #include <cstddef>

@@ -87,8 +87,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "ll.Loader: (prefetch + 2) batch slots, page-locked in place with --device or "
         "--pin-memory; (prefetch-to-device + 2) batches on the device. ll.DataLoader "
         "(--dataloader) and torch: prefetch x workers batches in flight + 1 held, a process "
-        "per worker (--worker-memory each); torch's pin_memory copies each batch once more "
-        "into page-locked memory; .to(device) holds the new and the old batch on the device.",
+        "per worker (--worker-memory each); ll.DataLoader's pin_memory page-locks the batch "
+        "segments in place, torch's copies each batch once more into page-locked memory; "
+        ".to(device) holds the new and the old batch on the device.",
     )
     loader.add_argument(
         "--sample",
