@@ -521,7 +521,11 @@ class ProcessIterator:
 
     def _release_retained(self) -> None:
         """Frees the segments kept for reuse (those still viewed by a batch
-        are freed when it is dropped), as torch holds nothing between epochs."""
+        are freed when it is dropped), as torch holds nothing between epochs.
+        Pinned segments whose copies have run go too (those the device still
+        reads go at the next call)."""
+        if self._fence is not None:
+            self._fence.collect()
         for kept in list(self._retained):
             self._forget(kept.pool)
 
@@ -605,6 +609,8 @@ class ProcessIterator:
         self._release_pending()
         self._retained = []
         self._unoffered = {}
+        if self._fence is not None:
+            self._fence.collect()  # pinned segments whose copies have run
 
     # torch's name, called by frameworks (e.g. to end a subclass's iterator)
     _shutdown_workers = shutdown
