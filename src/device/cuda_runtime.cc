@@ -122,49 +122,42 @@ void check(const detail::CudaApi& api, detail::CudaError status, const char* cal
               ErrorKind::kGeneric);
 }
 
-// Makes the runtime's GPU current on this thread for one call and puts the
-// thread's previous device back afterwards: the calling thread is often the
-// user's (a batch dropped in the training loop), whose current device torch
-// and the user's code rely on.
 // The device bound to this thread by bind_thread(), or -1.
 thread_local int bound_device = -1;
 
+// Makes the runtime's GPU current on this thread for one call and puts the
+// thread's previous device back afterwards: the calling thread is often the
+// user's (a batch dropped in the training loop), whose current device torch
+// and the user's code rely on. A thread bound to the device is left alone.
 class DeviceScope {
  public:
-  // Throws Error when the device cannot be made current.
-  DeviceScope(const detail::CudaApi& api, int device) : api_(api) {
-    if (bound_device == device) return;
-    check(api_, api_.get_device(&previous_), "cudaGetDevice");
-    if (previous_ != device) {
-      check(api_, api_.set_device(device), "cudaSetDevice");
-      changed_ = true;
-    }
-  }
   // For noexcept callers: `ok()` says whether the device is current.
   DeviceScope(const detail::CudaApi& api, int device, std::nothrow_t) noexcept : api_(api) {
-    if (bound_device == device) {
-      ok_ = true;
-      return;
-    }
-    if (api_.get_device(&previous_) != detail::kCudaSuccess) return;
-    if (previous_ != device) {
-      if (api_.set_device(device) != detail::kCudaSuccess) return;
-      changed_ = true;
-    }
-    ok_ = true;
+    if (bound_device == device) return;
+    failed_call_ = "cudaGetDevice";
+    status_ = api_.get_device(&previous_);
+    if (status_ != detail::kCudaSuccess || previous_ == device) return;
+    failed_call_ = "cudaSetDevice";
+    status_ = api_.set_device(device);
+    changed_ = status_ == detail::kCudaSuccess;
+  }
+  // Throws Error when the device cannot be made current.
+  DeviceScope(const detail::CudaApi& api, int device) : DeviceScope(api, device, std::nothrow) {
+    check(api_, status_, failed_call_);
   }
   ~DeviceScope() {
     if (changed_) api_.set_device(previous_);
   }
   DeviceScope(const DeviceScope&) = delete;
   DeviceScope& operator=(const DeviceScope&) = delete;
-  bool ok() const noexcept { return ok_; }
+  bool ok() const noexcept { return status_ == detail::kCudaSuccess; }
 
  private:
   const detail::CudaApi& api_;
+  detail::CudaError status_ = detail::kCudaSuccess;
+  const char* failed_call_ = "";
   int previous_ = 0;
   bool changed_ = false;
-  bool ok_ = false;
 };
 
 }  // namespace

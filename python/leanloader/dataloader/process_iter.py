@@ -293,8 +293,7 @@ class ProcessIterator:
             # Segments the consumer dropped since the last call go to tasks
             # sent while none was free (the worker takes the offer if it has
             # not written its batch yet, else it made its own segment).
-            if self._fence is not None:
-                self._fence.collect()  # pinned segments whose copies have run
+            self._collect_pinned()
             self._offer_slots()
             return self._next_data()
         except StopIteration:
@@ -368,7 +367,7 @@ class ProcessIterator:
         while True:
             ready = multiprocessing.connection.wait([*conns, *sentinels, *fence], timeout=POLL_S)
             if fence and fence[0] in ready:
-                self._fence.collect()
+                self._collect_pinned()
                 self._offer_slots()
             for item in ready:
                 if item in conns:
@@ -519,13 +518,18 @@ class ProcessIterator:
             del self._unoffered[task]
             self._send(worker, ("offer", self._epoch, task, slot))
 
+    def _collect_pinned(self) -> None:
+        """Takes back the pinned segments whose device copies have run (their
+        slots become free for offers, or the segments are freed)."""
+        if self._fence is not None:
+            self._fence.collect()
+
     def _release_retained(self) -> None:
         """Frees the segments kept for reuse (those still viewed by a batch
         are freed when it is dropped), as torch holds nothing between epochs.
         Pinned segments whose copies have run go too (those the device still
         reads go at the next call)."""
-        if self._fence is not None:
-            self._fence.collect()
+        self._collect_pinned()
         for kept in list(self._retained):
             self._forget(kept.pool)
 
@@ -609,8 +613,7 @@ class ProcessIterator:
         self._release_pending()
         self._retained = []
         self._unoffered = {}
-        if self._fence is not None:
-            self._fence.collect()  # pinned segments whose copies have run
+        self._collect_pinned()
 
     # torch's name, called by frameworks (e.g. to end a subclass's iterator)
     _shutdown_workers = shutdown
