@@ -10,7 +10,7 @@ from leanloader._core import Error, FormatError
 from leanloader.audit import audit
 from leanloader.autobatch import AutoBatch
 from leanloader.cache import TensorCache
-from leanloader.hdf5 import HDF5Source
+from leanloader.hdf5 import HDF5Source, hdf5_library
 from leanloader.image import (
     CenterCrop,
     ImageFolder,
@@ -54,6 +54,7 @@ __all__ = [
     "batch_defaults",
     "decode_image",
     "estimate_memory",
+    "hdf5_library",
     "load_safetensors",
     "memory_report",
     "regularization_cost",

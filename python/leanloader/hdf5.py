@@ -23,7 +23,41 @@ def _index_array(name: str, index: Any) -> np.ndarray:
     return np.ascontiguousarray(array, dtype=np.int64)
 
 
-def HDF5Source(fields: Mapping[str, tuple], chunk_cache: int | str = "64MiB") -> _core.HDF5Source:
+_library: dict | None = None
+
+
+def hdf5_library() -> dict:
+    """The HDF5 library leanloader reads with, chosen once per process.
+
+    When h5py is importable it is h5py's own library (so files the newest h5py
+    writes open, and filters registered with it serve leanloader's reads),
+    with ``hdf5plugin``'s filters registered when that is installed, and
+    h5py's lock taken around every call into it; otherwise the system's. The
+    dict has ``path``, ``version``, ``threadsafe`` and ``chosen_because``.
+    """
+    global _library
+    if _library is not None:
+        return _library
+    try:
+        import h5py
+        import h5py.defs
+        from h5py import _objects
+    except ImportError:
+        _library = dict(_core.hdf5_library_info())
+        return _library
+    try:
+        import hdf5plugin  # noqa: F401  (registers its filters with h5py's HDF5)
+    except ImportError:
+        pass
+    _library = dict(_core.use_hdf5_library_of(h5py.defs.__file__, _objects.phil))
+    return _library
+
+
+def HDF5Source(
+    fields: Mapping[str, tuple],
+    chunk_cache: int | str = "64MiB",
+    max_open_files: int = 0,
+) -> _core.HDF5Source:
     """Samples from HDF5 datasets: row ``i`` along the first axis is sample ``i``.
 
     ``fields`` maps a field name to ``(files, dataset)`` or
@@ -36,12 +70,19 @@ def HDF5Source(fields: Mapping[str, tuple], chunk_cache: int | str = "64MiB") ->
       ``index[i]`` of the dataset (a join, e.g. the stimulus of each trial).
 
     Every field must have the same number of rows. Files are opened once, under
-    a lock (HDF5 is not thread-safe); rows are then read without the library:
-    contiguous data with ``pread``, chunks decoded (shuffle, gzip, lz4, zstd) in
-    the loader's threads, with ``chunk_cache`` bytes of decoded chunks for
-    chunks that span several rows. Other storage is read with ``H5Dread`` under
-    the lock; ``source.layout(field_index)`` says which path each file takes.
-    A source opened before ``fork`` cannot be read in the child: open it there.
+    a lock (HDF5 is not thread-safe), with the HDF5 library h5py uses when it
+    is installed (``hdf5_library()``). Rows are then read without the library
+    where that was proven equal to it at open (one raw chunk against
+    ``H5Dread_chunk``, the first and last row against ``H5Dread``): contiguous
+    data with ``pread``, chunks decoded (shuffle, gzip, lz4, zstd, Blosc, LZF)
+    in the loader's threads, with ``chunk_cache`` bytes of decoded chunks for
+    chunks that span several rows. Other storage and filters (hdf5plugin's,
+    ``HDF5_PLUGIN_PATH``) are read with ``H5Dread`` under the lock;
+    ``source.layout(field_index)`` says which path each file takes and why. A
+    filter no reader can decode is an error at open. Data files are opened on
+    demand, at most ``max_open_files`` at once (0: a quarter of ``ulimit -n``,
+    within 16..512). A source opened before ``fork`` cannot be read in the
+    child: open it there.
 
     Example (seed 004)::
 
@@ -68,4 +109,11 @@ def HDF5Source(fields: Mapping[str, tuple], chunk_cache: int | str = "64MiB") ->
         cache_bytes = chunk_cache
     else:
         cache_bytes = _core.parse_byte_size(str(chunk_cache))
-    return _core.HDF5Source.open(entries, cache_bytes)
+    if (
+        isinstance(max_open_files, bool)
+        or not isinstance(max_open_files, int)
+        or max_open_files < 0
+    ):
+        raise ValueError(f"max_open_files must be an int >= 0, got {max_open_files!r}")
+    hdf5_library()
+    return _core.HDF5Source.open(entries, cache_bytes, max_open_files)

@@ -1,7 +1,9 @@
 #include "leanloader/hdf5/chunk_filters.h"
 
+#include <blosc.h>
 #include <libdeflate.h>
 #include <lz4.h>
+#include <lzf.h>
 #include <zstd.h>
 
 #include <climits>
@@ -107,6 +109,38 @@ void lz4_into(const Hdf5Filter& filter, std::span<const std::byte> in, std::span
   }
 }
 
+// PyTables' and hdf5plugin's Blosc filter stores each chunk as one Blosc
+// buffer (its own header: sizes, shuffle, codec). blosc_decompress_ctx uses
+// no global state, so worker threads decode side by side.
+void blosc_into(const Hdf5Filter& filter, std::span<const std::byte> in, std::span<std::byte> out) {
+  size_t expected = 0;
+  if (blosc_cbuffer_validate(in.data(), in.size(), &expected) != 0) {
+    corrupt(filter, "not a valid Blosc buffer of " + std::to_string(in.size()) + " bytes");
+  }
+  if (expected != out.size()) {
+    corrupt(filter, "Blosc header says " + std::to_string(expected) + " bytes, expected " +
+                        std::to_string(out.size()));
+  }
+  const int got = blosc_decompress_ctx(in.data(), out.data(), out.size(), 1);
+  if (got < 0 || static_cast<size_t>(got) != out.size()) {
+    corrupt(filter, "Blosc cannot decompress it (" + std::to_string(got) + ")");
+  }
+}
+
+// h5py's LZF filter: the chunk is one LZF block (no header); h5py stores a
+// chunk LZF cannot shrink unfiltered, with the filter's bit set in the mask.
+void lzf_into(const Hdf5Filter& filter, std::span<const std::byte> in, std::span<std::byte> out) {
+  if (in.size() > UINT_MAX || out.size() > UINT_MAX) corrupt(filter, "chunk too large for LZF");
+  const unsigned got = lzf_decompress(in.data(), static_cast<unsigned>(in.size()), out.data(),
+                                      static_cast<unsigned>(out.size()));
+  if (got != out.size()) {
+    corrupt(filter, got == 0 ? std::string("not a valid LZF block of ") +
+                                   std::to_string(in.size()) + " bytes"
+                             : "decompresses to " + std::to_string(got) + " bytes, expected " +
+                                   std::to_string(out.size()));
+  }
+}
+
 // Reverses HDF5's byte shuffle: byte j of element i was stored at j * n + i.
 void unshuffle_into(std::span<const std::byte> in, std::span<std::byte> out, size_t element) {
   const size_t n = in.size() / element;
@@ -123,7 +157,7 @@ void unshuffle_into(std::span<const std::byte> in, std::span<std::byte> out, siz
 
 bool hdf5_filter_supported(int id) noexcept {
   return id == kHdf5FilterDeflate || id == kHdf5FilterShuffle || id == kHdf5FilterLz4 ||
-         id == kHdf5FilterZstd;
+         id == kHdf5FilterZstd || id == kHdf5FilterBlosc || id == kHdf5FilterLzf;
 }
 
 void decode_chunk_into(std::span<const std::byte> raw, const std::vector<Hdf5Filter>& filters,
@@ -171,6 +205,12 @@ void decode_chunk_into(std::span<const std::byte> raw, const std::vector<Hdf5Fil
         break;
       case kHdf5FilterLz4:
         lz4_into(filter, current, target);
+        break;
+      case kHdf5FilterBlosc:
+        blosc_into(filter, current, target);
+        break;
+      case kHdf5FilterLzf:
+        lzf_into(filter, current, target);
         break;
       case kHdf5FilterShuffle: {
         if (current.size() != target.size()) {

@@ -3,23 +3,21 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <utility>
 
 #include "leanloader/core/checked_size.h"
 #include "leanloader/core/error.h"
+#include "leanloader/hdf5/hdf5_library.h"
 
 namespace leanloader::detail {
 
-std::mutex& hdf5_mutex() {
-  static std::mutex mutex;
-  return mutex;
-}
-
 namespace {
 
-// Closes an HDF5 identifier on scope exit; the caller holds the mutex.
+// Closes an HDF5 identifier on scope exit; the caller holds Hdf5Lock.
 class Id {
  public:
   Id(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
@@ -37,117 +35,99 @@ class Id {
   herr_t (*close_)(hid_t);
 };
 
-void init_library_locked() {
-  static bool initialised = false;
-  if (initialised) return;
-  H5open();
-  // Errors are reported through our exceptions, not printed by the library.
-  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-  initialised = true;
-}
-
-herr_t collect_error(unsigned, const H5E_error2_t* error, void* data) {
-  auto* messages = static_cast<std::vector<std::string>*>(data);
-  if (error->desc != nullptr && error->desc[0] != '\0' && messages->size() < 4) {
-    messages->emplace_back(error->desc);
-  }
-  return 0;
-}
-
-// The library's own account of the last failure, then cleared.
-std::string error_stack_locked() {
-  std::vector<std::string> messages;
-  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, collect_error, &messages);
-  H5Eclear2(H5E_DEFAULT);
-  std::string text;
-  for (const std::string& message : messages) text += (text.empty() ? "" : "; ") + message;
-  return text.empty() ? "no detail from the HDF5 library" : text;
-}
-
-const char* class_name(H5T_class_t type_class) {
+const char* class_name(H5TClass type_class) {
   switch (type_class) {
-    case H5T_COMPOUND:
+    case H5TClass::kCompound:
       return "compound";
-    case H5T_STRING:
+    case H5TClass::kString:
       return "string";
-    case H5T_VLEN:
+    case H5TClass::kVlen:
       return "variable-length";
-    case H5T_ARRAY:
+    case H5TClass::kArray:
       return "array";
-    case H5T_REFERENCE:
+    case H5TClass::kReference:
       return "reference";
-    case H5T_OPAQUE:
+    case H5TClass::kOpaque:
       return "opaque";
-    case H5T_BITFIELD:
-      return "bitfield";
-    case H5T_TIME:
+    case H5TClass::kTime:
       return "time";
+    case H5TClass::kComplex:
+      return "complex";
     default:
       return "unknown";
   }
 }
 
 std::string member_name_locked(hid_t type, unsigned member) {
-  char* name = H5Tget_member_name(type, member);
+  const Hdf5Api& api = hdf5_api();
+  char* name = api.t_get_member_name(type, member);
   if (name == nullptr) return {};
   std::string out(name);
-  H5free_memory(name);
+  api.free_memory(name);
   return out;
 }
 
 struct TypeInfo {
   DType dtype;
   bool little_endian;
+  bool converted;  // n-bit: stored narrower than the tensor's element, H5Dread widens it
 };
 
+TypeInfo integer_type(size_t size, bool is_signed, bool little, bool converted,
+                      const std::string& where) {
+  switch (size) {
+    case 1:
+      return {is_signed ? DType::kI8 : DType::kU8, true, converted};
+    case 2:
+      return {is_signed ? DType::kI16 : DType::kU16, little, converted};
+    case 4:
+      return {is_signed ? DType::kI32 : DType::kU32, little, converted};
+    case 8:
+      return {is_signed ? DType::kI64 : DType::kU64, little, converted};
+    default:
+      throw InvalidArgument(where + " has " + std::to_string(size * 8) +
+                            "-bit integer elements, which cannot become a tensor");
+  }
+}
+
 TypeInfo classify_type_locked(hid_t type, const std::string& where) {
-  const H5T_class_t type_class = H5Tget_class(type);
-  const size_t size = H5Tget_size(type);
-  const bool little = H5Tget_order(type) == H5T_ORDER_LE;
+  const Hdf5Api& api = hdf5_api();
+  const auto type_class = static_cast<H5TClass>(api.t_get_class(type));
+  const size_t size = api.t_get_size(type);
+  const bool little = api.t_get_order(type) == kH5TOrderLe;
   auto cannot = [&](const std::string& what) -> TypeInfo {
     throw InvalidArgument(where + " has " + what +
                           " elements, which cannot become a tensor (HDF5Source reads integer, "
-                          "float and bool datasets; neither its own reader nor H5Dread applies)");
+                          "bitfield, float and bool datasets)");
   };
-  if (type_class == H5T_INTEGER) {
-    if (H5Tget_precision(type) != size * 8 || H5Tget_offset(type) != 0) {
-      return cannot("padded " + std::to_string(H5Tget_precision(type)) + "-bit integer");
-    }
-    const bool is_signed = H5Tget_sign(type) == H5T_SGN_2;
-    switch (size) {
-      case 1:
-        return {is_signed ? DType::kI8 : DType::kU8, true};
-      case 2:
-        return {is_signed ? DType::kI16 : DType::kU16, little};
-      case 4:
-        return {is_signed ? DType::kI32 : DType::kU32, little};
-      case 8:
-        return {is_signed ? DType::kI64 : DType::kU64, little};
-      default:
-        return cannot(std::to_string(size * 8) + "-bit integer");
-    }
+  if (type_class == H5TClass::kInteger || type_class == H5TClass::kBitfield) {
+    // Bitfields (PyTables' BoolAtom is an 8-bit one) are unsigned integers
+    // to h5py; n-bit integers are widened by H5Dread's conversion.
+    const bool full = api.t_get_precision(type) == size * 8 && api.t_get_offset(type) == 0;
+    const bool is_signed = type_class == H5TClass::kInteger && api.t_get_sign(type) == kH5TSgn2;
+    return integer_type(size, is_signed, little, !full, where);
   }
-  if (type_class == H5T_FLOAT) {
+  if (type_class == H5TClass::kFloat) {
     size_t sign_pos = 0, exp_pos = 0, exp_size = 0, mant_pos = 0, mant_size = 0;
-    H5Tget_fields(type, &sign_pos, &exp_pos, &exp_size, &mant_pos, &mant_size);
-    const size_t bias = H5Tget_ebias(type);
+    api.t_get_fields(type, &sign_pos, &exp_pos, &exp_size, &mant_pos, &mant_size);
+    const size_t bias = api.t_get_ebias(type);
     auto fields_are = [&](size_t s, size_t ep, size_t es, size_t ms, size_t b) {
       return sign_pos == s && exp_pos == ep && exp_size == es && mant_pos == 0 && mant_size == ms &&
-             bias == b && H5Tget_offset(type) == 0;
+             bias == b && api.t_get_offset(type) == 0;
     };
-    if (size == 2 && fields_are(15, 10, 5, 10, 15)) return {DType::kF16, little};
-    if (size == 2 && fields_are(15, 7, 8, 7, 127)) return {DType::kBF16, little};
-    if (size == 4 && fields_are(31, 23, 8, 23, 127)) return {DType::kF32, little};
-    if (size == 8 && fields_are(63, 52, 11, 52, 1023)) return {DType::kF64, little};
+    if (size == 2 && fields_are(15, 10, 5, 10, 15)) return {DType::kF16, little, false};
+    if (size == 2 && fields_are(15, 7, 8, 7, 127)) return {DType::kBF16, little, false};
+    if (size == 4 && fields_are(31, 23, 8, 23, 127)) return {DType::kF32, little, false};
+    if (size == 8 && fields_are(63, 52, 11, 52, 1023)) return {DType::kF64, little, false};
     return cannot("non-IEEE " + std::to_string(size * 8) + "-bit float");
   }
-  if (type_class == H5T_ENUM) {
-    Id base(H5Tget_super(type), H5Tclose);
+  if (type_class == H5TClass::kEnum) {
+    Id base(api.t_get_super(type), api.t_close);
     if (!base.ok()) return cannot("enum");
     // h5py stores bool as an 8-bit enum {FALSE = 0, TRUE = 1}.
-    if (H5Tget_size(base.get()) == 1 && H5Tget_nmembers(type) == 2 &&
+    if (api.t_get_size(base.get()) == 1 && api.t_get_nmembers(type) == 2 &&
         member_name_locked(type, 0) == "FALSE" && member_name_locked(type, 1) == "TRUE") {
-      return {DType::kBool, true};
+      return {DType::kBool, true, false};
     }
     return classify_type_locked(base.get(), where);
   }
@@ -156,54 +136,153 @@ TypeInfo classify_type_locked(hid_t type, const std::string& where) {
 
 // True when every component of `path` ("a/b/c") is a link in `file`.
 bool link_exists_locked(hid_t file, const std::string& path) {
+  const Hdf5Api& api = hdf5_api();
   size_t end = 0;
   while (end != std::string::npos) {
     end = path.find('/', end + 1);
     const std::string prefix = path.substr(0, end);
     if (prefix.empty() || prefix == "/") continue;
-    if (H5Lexists(file, prefix.c_str(), H5P_DEFAULT) <= 0) return false;
+    if (api.l_exists(file, prefix.c_str(), kH5Default) <= 0) return false;
   }
   return true;
 }
 
-bool is_undefined(uint64_t address) { return address == HADDR_UNDEF; }
+bool is_undefined(uint64_t address) { return address == kHaddrUndef; }
+
+// The file that holds the object `id` (through an external link, not the
+// file that was opened), as an absolute path.
+std::string file_of_locked(hid_t id) {
+  const Hdf5Api& api = hdf5_api();
+  const ssize_t length = api.f_get_name(id, nullptr, 0);
+  if (length <= 0) return {};
+  std::string name(static_cast<size_t>(length) + 1, '\0');
+  api.f_get_name(id, name.data(), name.size());
+  name.resize(static_cast<size_t>(length));
+  char resolved[PATH_MAX];
+  if (::realpath(name.c_str(), resolved) != nullptr) return resolved;
+  return name;
+}
+
+uint64_t userblock_locked(hid_t dset) {
+  const Hdf5Api& api = hdf5_api();
+  Id file(api.i_get_file_id(dset), api.f_close);
+  if (!file.ok()) return 0;
+  Id plist(api.f_get_create_plist(file.get()), api.p_close);
+  hsize_t size = 0;
+  if (!plist.ok() || api.p_get_userblock(plist.get(), &size) < 0) return 0;
+  return size;
+}
+
+std::string missing_filter_message(const std::string& here, const Hdf5Filter& filter) {
+  const std::string label =
+      (filter.name.empty() ? std::string("filter") : "filter '" + filter.name + "'") + " (id " +
+      std::to_string(filter.id) + ")";
+  return here + " is compressed with " + label +
+         ", which neither leanloader decodes nor the HDF5 library in use (" +
+         hdf5_library_info().path +
+         ") has registered: install its plugin (pip install hdf5plugin; leanloader imports it "
+         "with h5py) or point HDF5_PLUGIN_PATH at the plugin's directory";
+}
+
+// Bytes of a row compared with the library at open; larger rows are compared
+// on a contiguous box of their trailing axes at each end.
+constexpr size_t kCheckedBytes = size_t{4} << 20;
 
 }  // namespace
 
-Hdf5Dataset::Hdf5Dataset(const std::string& file_path, const std::string& dataset)
-    : path(file_path), name(dataset), owner_pid(::getpid()) {
-  reader = std::make_unique<File>(path);  // a missing file is FileNotFoundError
-  const std::string here = "'" + path + "' dataset '" + name + "'";
-  std::lock_guard lock(hdf5_mutex());
-  init_library_locked();
-  Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+LibraryHandles::~LibraryHandles() {
+  if (::getpid() != owner_pid_ || open_.empty()) return;
+  Hdf5Lock lock;
+  for (const Open& open : open_) close(open);
+}
+
+void LibraryHandles::close(const Open& open) {
+  const Hdf5Api& api = hdf5_api();
+  api.d_close(open.dataset);
+  api.f_close(open.file);
+}
+
+hid_t LibraryHandles::dataset(const Hdf5Dataset& owner) {
+  for (auto it = open_.begin(); it != open_.end(); ++it) {
+    if (it->owner == &owner) {
+      open_.splice(open_.begin(), open_, it);
+      return it->dataset;
+    }
+  }
+  const Hdf5Api& api = hdf5_api();
+  // The descriptor budget counts these too: make room first.
+  while (!open_.empty() && open_.size() >= budget_) {
+    close(open_.back());
+    open_.pop_back();
+  }
+  Id file(api.f_open(owner.path.c_str(), kH5FAccRdonly, kH5Default), api.f_close);
   if (!file.ok()) {
-    throw FormatError("'" + path + "': HDF5 cannot open the file (" + error_stack_locked() + ")");
+    throw FormatError("'" + owner.path + "': HDF5 cannot open the file again (" +
+                      hdf5_error_stack_locked() + ")");
+  }
+  Id dset(api.d_open2(file.get(), owner.name.c_str(), kH5Default), api.d_close);
+  if (!dset.ok()) {
+    throw FormatError("'" + owner.path + "' dataset '" + owner.name +
+                      "': HDF5 cannot open it again (" + hdf5_error_stack_locked() + ")");
+  }
+  open_.push_front({&owner, file.release(), dset.release()});
+  return open_.front().dataset;
+}
+
+void LibraryHandles::forget(const Hdf5Dataset* owner) {
+  for (auto it = open_.begin(); it != open_.end(); ++it) {
+    if (it->owner == owner) {
+      close(*it);
+      open_.erase(it);
+      return;
+    }
+  }
+}
+
+Hdf5Dataset::Hdf5Dataset(const std::string& file_path, const std::string& dataset,
+                         std::shared_ptr<Hdf5Files> open_files)
+    : path(file_path), name(dataset), files(std::move(open_files)), owner_pid(::getpid()) {
+  { File probe(path); }  // a missing file is FileNotFoundError, too many files said as such
+  Hdf5Lock lock;
+  const Hdf5Api& api = hdf5_api();
+  Id file(api.f_open(path.c_str(), kH5FAccRdonly, kH5Default), api.f_close);
+  if (!file.ok()) {
+    throw FormatError("'" + path + "': HDF5 cannot open the file to read dataset '" + name + "' (" +
+                      hdf5_error_stack_locked() + ")");
   }
   if (name.empty() || !link_exists_locked(file.get(), name)) {
-    H5Eclear2(H5E_DEFAULT);
+    api.e_clear2(kH5Default);
     throw FormatError("'" + path + "' has no dataset '" + name + "'");
   }
-  Id dset(H5Dopen2(file.get(), name.c_str(), H5P_DEFAULT), H5Dclose);
+  Id dset(api.d_open2(file.get(), name.c_str(), kH5Default), api.d_close);
   if (!dset.ok()) {
-    throw FormatError(here + ": HDF5 cannot open it as a dataset (" + error_stack_locked() + ")");
+    throw FormatError("'" + path + "' dataset '" + name + "': HDF5 cannot open it as a dataset (" +
+                      hdf5_error_stack_locked() + ")");
   }
-  Id type(H5Dget_type(dset.get()), H5Tclose);
-  Id space(H5Dget_space(dset.get()), H5Sclose);
-  Id plist(H5Dget_create_plist(dset.get()), H5Pclose);
+  describe_locked(file.get(), dset.get());
+  // The identifiers close here: fast paths read through files->data, the
+  // library path reopens them within files->library's budget.
+}
+
+void Hdf5Dataset::describe_locked(hid_t, hid_t dset) {
+  const Hdf5Api& api = hdf5_api();
+  const std::string here = "'" + path + "' dataset '" + name + "'";
+  Id type(api.d_get_type(dset), api.t_close);
+  Id space(api.d_get_space(dset), api.s_close);
+  Id plist(api.d_get_create_plist(dset), api.p_close);
   if (!type.ok() || !space.ok() || !plist.ok()) {
-    throw FormatError(here + ": cannot read its description (" + error_stack_locked() + ")");
+    throw FormatError(here + ": cannot read its description (" + hdf5_error_stack_locked() + ")");
   }
   const TypeInfo info = classify_type_locked(type.get(), here);
   dtype = info.dtype;
   element_size = dtype_size(dtype);
 
-  const int ndims = H5Sget_simple_extent_ndims(space.get());
-  if (H5Sget_simple_extent_type(space.get()) != H5S_SIMPLE || ndims < 1) {
+  const int ndims = api.s_get_simple_extent_ndims(space.get());
+  if (api.s_get_simple_extent_type(space.get()) != kH5SSimple || ndims < 1) {
     throw InvalidArgument(here + " is a scalar or empty dataspace; HDF5Source needs rows (axis 0)");
   }
   std::vector<hsize_t> dims(static_cast<size_t>(ndims));
-  H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+  api.s_get_simple_extent_dims(space.get(), dims.data(), nullptr);
   for (const hsize_t d : dims) {
     if (d > static_cast<hsize_t>(std::numeric_limits<int64_t>::max())) {
       throw FormatError(here + ": dimension " + std::to_string(d) + " is too large");
@@ -217,60 +296,70 @@ Hdf5Dataset::Hdf5Dataset(const std::string& file_path, const std::string& datase
   if (!total) throw FormatError(here + ": shape " + shape_to_string(shape) + " overflows size_t");
   row_bytes = *row_size;
 
-  // The memory type for H5Dread: the file's type, in this machine's byte order.
-  Id mem_type(H5Tcopy(type.get()), H5Tclose);
-  if (!mem_type.ok()) throw FormatError(here + ": " + error_stack_locked());
-  if (!info.little_endian) H5Tset_order(mem_type.get(), H5T_ORDER_LE);
-
-  const H5D_layout_t layout = H5Pget_layout(plist.get());
-  if (layout == H5D_COMPACT) {
-    data.resize(*total);
-    if (H5Dread(dset.get(), mem_type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()) < 0) {
-      throw FormatError(here + ": H5Dread of the compact data failed (" + error_stack_locked() +
-                        ")");
-    }
-    read_path = Hdf5ReadPath::kMemory;
-  } else if (!info.little_endian) {
-    library_reason = "big-endian " + std::string(dtype_name(dtype)) + " is converted by H5Dread";
-  } else if (layout == H5D_CONTIGUOUS) {
-    const haddr_t address = H5Dget_offset(dset.get());
-    if (H5Pget_external_count(plist.get()) > 0) {
-      library_reason = "external storage";
-    } else if (is_undefined(address)) {
-      H5Eclear2(H5E_DEFAULT);
-      library_reason = "no storage allocated (fill values)";
-    } else if (!range_fits(address, *total, reader->size())) {
-      throw FormatError(here + ": its " + std::to_string(*total) + " bytes at offset " +
-                        std::to_string(address) + " run past the end of the file (" +
-                        std::to_string(reader->size()) + " bytes): truncated");
-    } else {
-      offset = address;
-      read_path = Hdf5ReadPath::kPread;
-    }
-  } else if (layout == H5D_CHUNKED) {
-    index_chunks_locked(dset.get(), plist.get(), here);
-  } else {
-    library_reason = "virtual or unknown layout";
+  // The memory type for H5Dread: the file's type in this machine's byte
+  // order, n-bit integers widened to their whole element.
+  Id mem_type(api.t_copy(type.get()), api.t_close);
+  if (!mem_type.ok()) throw FormatError(here + ": " + hdf5_error_stack_locked());
+  if (!info.little_endian) api.t_set_order(mem_type.get(), kH5TOrderLe);
+  if (info.converted) {
+    api.t_set_offset(mem_type.get(), 0);
+    api.t_set_precision(mem_type.get(), element_size * 8);
   }
   memory_type = mem_type.release();
-  dataset_id = dset.release();
-  file_id = file.release();
-}
 
-Hdf5Dataset::~Hdf5Dataset() {
-  // A forked child must not touch the library state it inherited mid-flight.
-  if (::getpid() != owner_pid) return;
-  std::lock_guard lock(hdf5_mutex());
-  if (memory_type >= 0) H5Tclose(memory_type);
-  if (dataset_id >= 0) H5Dclose(dataset_id);
-  if (file_id >= 0) H5Fclose(file_id);
+  data_path = file_of_locked(dset);
+  if (data_path.empty()) data_path = path;
+
+  const auto layout = static_cast<H5DLayout>(api.p_get_layout(plist.get()));
+  if (layout == H5DLayout::kCompact) {
+    data.resize(*total);
+    if (api.d_read(dset, memory_type, kH5Default, kH5Default, kH5Default, data.data()) < 0) {
+      throw FormatError(here + ": H5Dread of the compact data failed (" +
+                        hdf5_error_stack_locked() + ")");
+    }
+    read_path = Hdf5ReadPath::kMemory;
+    return;
+  }
+  if (!info.little_endian || info.converted) {
+    library_reason = (info.converted ? std::string("n-bit ") : std::string("big-endian ")) +
+                     std::string(dtype_name(dtype)) + " is converted by H5Dread";
+    return;
+  }
+  if (layout == H5DLayout::kContiguous) {
+    const haddr_t address = api.d_get_offset(dset);
+    if (api.p_get_external_count(plist.get()) > 0) {
+      library_reason = "external storage";
+      return;
+    }
+    if (is_undefined(address)) {
+      api.e_clear2(kH5Default);
+      library_reason = "no storage allocated (fill values)";
+      return;
+    }
+    data_key = files->data.add(data_path);
+    const size_t file_size = files->data.get(data_key)->size();
+    if (!range_fits(address, *total, file_size)) {
+      throw FormatError(here + ": its " + std::to_string(*total) + " bytes at offset " +
+                        std::to_string(address) + " run past the end of '" + data_path + "' (" +
+                        std::to_string(file_size) + " bytes): truncated");
+    }
+    offset = address;
+    read_path = Hdf5ReadPath::kPread;
+  } else if (layout == H5DLayout::kChunked) {
+    index_chunks_locked(dset, plist.get(), here);
+  } else {
+    library_reason = "virtual or unknown layout";
+    return;
+  }
+  if (read_path != Hdf5ReadPath::kLibrary) check_fast_path_locked(dset);
 }
 
 void Hdf5Dataset::index_chunks_locked(hid_t dset, hid_t plist, const std::string& here) {
+  const Hdf5Api& api = hdf5_api();
   const size_t ndim = shape.size();
   std::vector<hsize_t> chunk_dims(ndim);
-  if (H5Pget_chunk(plist, static_cast<int>(ndim), chunk_dims.data()) != static_cast<int>(ndim)) {
-    throw FormatError(here + ": cannot read its chunk shape (" + error_stack_locked() + ")");
+  if (api.p_get_chunk(plist, static_cast<int>(ndim), chunk_dims.data()) != static_cast<int>(ndim)) {
+    throw FormatError(here + ": cannot read its chunk shape (" + hdf5_error_stack_locked() + ")");
   }
   for (size_t d = 0; d < ndim; ++d) {
     if (chunk_dims[d] == 0) throw FormatError(here + ": a chunk dimension is 0");
@@ -283,58 +372,195 @@ void Hdf5Dataset::index_chunks_locked(hid_t dset, hid_t plist, const std::string
   if (!bytes || !count) throw FormatError(here + ": chunk shape overflows size_t");
   chunk_bytes = *bytes;
 
-  const int filter_count = H5Pget_nfilters(plist);
+  const int filter_count = api.p_get_nfilters(plist);
   for (int k = 0; k < filter_count; ++k) {
     unsigned flags = 0;
     unsigned config = 0;
     size_t values = 16;
     std::vector<unsigned> client_data(values);
     char filter_name[128] = {};
-    H5Z_filter_t id = H5Pget_filter2(plist, static_cast<unsigned>(k), &flags, &values,
-                                     client_data.data(), sizeof filter_name, filter_name, &config);
+    int id = api.p_get_filter2(plist, static_cast<unsigned>(k), &flags, &values, client_data.data(),
+                               sizeof filter_name, filter_name, &config);
     if (values > client_data.size()) {
       client_data.resize(values);
-      id = H5Pget_filter2(plist, static_cast<unsigned>(k), &flags, &values, client_data.data(),
-                          sizeof filter_name, filter_name, &config);
+      id = api.p_get_filter2(plist, static_cast<unsigned>(k), &flags, &values, client_data.data(),
+                             sizeof filter_name, filter_name, &config);
     }
     if (id < 0)
-      throw FormatError(here + ": cannot read its filters (" + error_stack_locked() + ")");
+      throw FormatError(here + ": cannot read its filters (" + hdf5_error_stack_locked() + ")");
     client_data.resize(values);
-    filters.push_back({static_cast<int>(id), std::move(client_data), filter_name});
+    filters.push_back({id, std::move(client_data), filter_name});
   }
+  bool native = true;
   for (const Hdf5Filter& filter : filters) {
+    const bool registered = api.z_filter_avail(filter.id) > 0;
+    api.e_clear2(kH5Default);
+    if (!registered) library_decodes_filters_ = false;
     if (!hdf5_filter_supported(filter.id)) {
-      library_reason = "filter '" + filter.name + "' (id " + std::to_string(filter.id) +
-                       ") is not decoded by leanloader";
-      return;
+      // Found now, not at the first batch: neither reader can decode it.
+      if (!registered) throw FormatError(missing_filter_message(here, filter));
+      if (native) {
+        library_reason = "filter '" + filter.name + "' (id " + std::to_string(filter.id) +
+                         ") is decoded by the HDF5 library";
+      }
+      native = false;
     }
   }
+  if (!native) return;
   if (*count > (size_t{1} << 24)) {
     library_reason = std::to_string(*count) + " chunks is more than leanloader indexes";
     return;
   }
+  unsigned options = 0;
+  api.p_get_chunk_opts(plist, &options);
+  const bool partial_unfiltered = (options & kH5DChunkDontFilterPartialChunks) != 0;
+  const uint32_t all_skipped =
+      filters.size() >= 32 ? ~uint32_t{0} : (uint32_t{1} << filters.size()) - 1;
   // The chunk index: one B-tree lookup per grid cell (H5Dget_chunk_info by
   // position is linear per call in HDF5 1.10, so quadratic over a dataset).
   chunks.resize(*count);
   std::vector<hsize_t> position(ndim, 0);
   for (size_t c = 0; c < *count; ++c) {
     size_t rest = c;
+    bool partial = false;
     for (size_t d = ndim; d-- > 0;) {
       const size_t g = static_cast<size_t>(chunk_grid[d]);
       position[d] = static_cast<hsize_t>(rest % g) * chunk_dims[d];
+      partial = partial || position[d] + chunk_dims[d] > static_cast<hsize_t>(shape[d]);
       rest /= g;
     }
     unsigned mask = 0;
-    haddr_t address = HADDR_UNDEF;
+    haddr_t address = kHaddrUndef;
     hsize_t stored = 0;
-    if (H5Dget_chunk_info_by_coord(dset, position.data(), &mask, &address, &stored) < 0) {
-      throw FormatError(here + ": cannot read its chunk index (" + error_stack_locked() + ")");
+    if (api.d_get_chunk_info_by_coord(dset, position.data(), &mask, &address, &stored) < 0) {
+      throw FormatError(here + ": cannot read its chunk index (" + hdf5_error_stack_locked() + ")");
     }
+    // Edge chunks written under H5D_CHUNK_DONT_FILTER_PARTIAL_CHUNKS are
+    // stored as they are, whatever the mask says.
+    if (partial && partial_unfiltered) mask = all_skipped;
     chunks[c] = {address, stored, mask};
   }
   chunk_is_row = chunk_shape[0] == 1 &&
                  std::equal(chunk_shape.begin() + 1, chunk_shape.end(), shape.begin() + 1);
+  data_key = files->data.add(data_path);
   read_path = Hdf5ReadPath::kChunks;
+  // Chunk addresses leave the user block out before HDF5 1.14.4 and include
+  // it since; which one this library does is read off a chunk it returns.
+  const uint64_t userblock = userblock_locked(dset);
+  std::string why;
+  if (chunk_base_matches_locked(dset, 0, why)) return;
+  if (userblock != 0 && chunk_base_matches_locked(dset, userblock, why)) {
+    for (Hdf5ChunkLocation& chunk : chunks) {
+      if (!is_undefined(chunk.address)) chunk.address += userblock;
+    }
+    return;
+  }
+  read_path = Hdf5ReadPath::kLibrary;
+  library_reason = why;
+}
+
+bool Hdf5Dataset::chunk_base_matches_locked(hid_t dset, uint64_t base, std::string& why) {
+  const Hdf5Api& api = hdf5_api();
+  const auto first = std::find_if(chunks.begin(), chunks.end(), [](const Hdf5ChunkLocation& c) {
+    return !is_undefined(c.address) && c.size > 0;
+  });
+  if (first == chunks.end()) return true;  // nothing written: every row is the library's
+  const size_t c = static_cast<size_t>(first - chunks.begin());
+  std::vector<hsize_t> position(shape.size());
+  size_t rest = c;
+  for (size_t d = shape.size(); d-- > 0;) {
+    const size_t g = static_cast<size_t>(chunk_grid[d]);
+    position[d] = static_cast<hsize_t>(rest % g) * static_cast<hsize_t>(chunk_shape[d]);
+    rest /= g;
+  }
+  std::vector<std::byte> library(first->size);
+  uint32_t mask = 0;
+  if (api.read_chunk(dset, position.data(), &mask, library.data(), library.size()) < 0) {
+    why = "H5Dread_chunk cannot read chunk " + std::to_string(c) + " (" +
+          hdf5_error_stack_locked() + ")";
+    return false;
+  }
+  const auto file = files->data.get(data_key);
+  if (!range_fits(first->address + base, first->size, file->size())) {
+    why = "chunk " + std::to_string(c) + " lies past the end of '" + data_path + "'";
+    return false;
+  }
+  std::vector<std::byte> ours(first->size);
+  file->read_exact(first->address + base, ours);
+  if (ours == library) return true;
+  why = "the chunk index's addresses do not hold the chunks H5Dread_chunk returns";
+  return false;
+}
+
+bool Hdf5Dataset::library_read_locked(hid_t dset, int64_t row, size_t box_from_dim,
+                                      std::span<std::byte> dst) const {
+  // Reads the box of `row` whose axes before `box_from_dim` (of the row) are
+  // fixed at 0 (first row) or their last index (other rows), and whose later
+  // axes are whole: a contiguous range of the row.
+  const Hdf5Api& api = hdf5_api();
+  const size_t ndim = shape.size();
+  std::vector<hsize_t> start(ndim, 0);
+  std::vector<hsize_t> count(shape.begin(), shape.end());
+  start[0] = static_cast<hsize_t>(row);
+  count[0] = 1;
+  for (size_t d = 1; d <= box_from_dim && d < ndim; ++d) {
+    start[d] = row == 0 ? 0 : static_cast<hsize_t>(shape[d] - 1);
+    count[d] = 1;
+  }
+  const hsize_t elements = static_cast<hsize_t>(dst.size() / element_size);
+  Id file_space(api.d_get_space(dset), api.s_close);
+  Id memory_space(api.s_create_simple(1, &elements, nullptr), api.s_close);
+  const bool ok = file_space.ok() && memory_space.ok() &&
+                  api.s_select_hyperslab(file_space.get(), kH5SSelectSet, start.data(), nullptr,
+                                         count.data(), nullptr) >= 0 &&
+                  api.d_read(dset, memory_type, memory_space.get(), file_space.get(), kH5Default,
+                             dst.data()) >= 0;
+  if (!ok) api.e_clear2(kH5Default);
+  return ok;
+}
+
+void Hdf5Dataset::check_fast_path_locked(hid_t dset) {
+  if (rows == 0 || row_bytes == 0) return;
+  // A filter only leanloader decodes cannot be compared with the library's
+  // read; its raw chunks were (chunk_base_matches_locked).
+  if (!library_decodes_filters_) return;
+  // The box: trailing axes of the row whose bytes fit kCheckedBytes.
+  size_t box_from_dim = 0;  // axes of the row before this one are fixed
+  size_t box_bytes = row_bytes;
+  while (box_bytes > kCheckedBytes && box_from_dim < row_shape.size()) {
+    box_bytes /= static_cast<size_t>(std::max<int64_t>(row_shape[box_from_dim], 1));
+    ++box_from_dim;
+  }
+  std::vector<std::byte> ours(row_bytes);
+  std::vector<std::byte> theirs(box_bytes);
+  for (const int64_t row : {int64_t{0}, rows - 1}) {
+    bool our_ok = true;
+    try {
+      read_row(row, ours, nullptr);
+    } catch (const Error&) {
+      our_ok = false;
+    }
+    const bool their_ok = library_read_locked(dset, row, box_from_dim, theirs);
+    const size_t at = row == 0 ? 0 : row_bytes - box_bytes;
+    if (our_ok == their_ok &&
+        (!our_ok || std::memcmp(ours.data() + at, theirs.data(), box_bytes) == 0)) {
+      continue;
+    }
+    read_path = Hdf5ReadPath::kLibrary;
+    library_reason = "leanloader's own read of row " + std::to_string(row) +
+                     (our_ok ? std::string(their_ok ? " differed from" : " succeeded where")
+                             : std::string(" failed where")) +
+                     " H5Dread" + (their_ok ? "" : " failed");
+    return;
+  }
+}
+
+Hdf5Dataset::~Hdf5Dataset() {
+  // A forked child must not touch the library state it inherited mid-flight.
+  if (::getpid() != owner_pid) return;
+  Hdf5Lock lock;
+  files->library.forget(this);
+  if (memory_type >= 0) hdf5_api().t_close(memory_type);
 }
 
 std::string Hdf5Dataset::where(int64_t row) const {
@@ -345,7 +571,7 @@ void Hdf5Dataset::read_row(int64_t row, std::span<std::byte> dst, ChunkCache* ca
   try {
     switch (read_path) {
       case Hdf5ReadPath::kPread:
-        reader->read_exact(offset + static_cast<size_t>(row) * row_bytes, dst);
+        files->data.get(data_key)->read_exact(offset + static_cast<size_t>(row) * row_bytes, dst);
         return;
       case Hdf5ReadPath::kMemory:
         std::memcpy(dst.data(), data.data() + static_cast<size_t>(row) * row_bytes, row_bytes);
@@ -368,45 +594,49 @@ void Hdf5Dataset::read_row(int64_t row, std::span<std::byte> dst, ChunkCache* ca
 }
 
 void Hdf5Dataset::read_row_library(int64_t row, std::span<std::byte> dst) const {
-  const size_t ndim = shape.size();
-  std::vector<hsize_t> start(ndim, 0);
-  std::vector<hsize_t> count(shape.begin(), shape.end());
-  start[0] = static_cast<hsize_t>(row);
-  count[0] = 1;
-  const hsize_t elements = static_cast<hsize_t>(row_bytes / element_size);
-  std::lock_guard lock(hdf5_mutex());
-  Id file_space(H5Dget_space(dataset_id), H5Sclose);
-  Id memory_space(H5Screate_simple(1, &elements, nullptr), H5Sclose);
-  const bool ok = file_space.ok() && memory_space.ok() &&
-                  H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start.data(), nullptr,
-                                      count.data(), nullptr) >= 0 &&
-                  H5Dread(dataset_id, memory_type, memory_space.get(), file_space.get(),
-                          H5P_DEFAULT, dst.data()) >= 0;
-  if (!ok) {
+  Hdf5Lock lock;
+  const hid_t dset = files->library.dataset(*this);
+  if (!library_read_locked(dset, row, 0, dst)) {
+    // library_read_locked cleared the stack; read again for the cause.
+    const Hdf5Api& api = hdf5_api();
+    const size_t ndim = shape.size();
+    std::vector<hsize_t> start(ndim, 0);
+    std::vector<hsize_t> count(shape.begin(), shape.end());
+    start[0] = static_cast<hsize_t>(row);
+    count[0] = 1;
+    const hsize_t elements = static_cast<hsize_t>(row_bytes / element_size);
+    Id file_space(api.d_get_space(dset), api.s_close);
+    Id memory_space(api.s_create_simple(1, &elements, nullptr), api.s_close);
+    if (file_space.ok() && memory_space.ok()) {
+      api.s_select_hyperslab(file_space.get(), kH5SSelectSet, start.data(), nullptr, count.data(),
+                             nullptr);
+      api.d_read(dset, memory_type, memory_space.get(), file_space.get(), kH5Default, dst.data());
+    }
     throw FormatError(
-        where(row) + ": H5Dread failed (" + error_stack_locked() +
+        where(row) + ": H5Dread failed (" + hdf5_error_stack_locked() +
         "); this dataset is read through the HDF5 library because " +
         (library_reason.empty() ? std::string("a chunk was never written") : library_reason));
   }
 }
 
-std::span<const std::byte> Hdf5Dataset::read_raw(size_t chunk, int64_t row,
+std::span<const std::byte> Hdf5Dataset::read_raw(const File& reader, size_t chunk, int64_t row,
                                                  std::vector<std::byte>& buffer) const {
   const Hdf5ChunkLocation& location = chunks[chunk];
-  if (!range_fits(location.address, location.size, reader->size())) {
+  if (!range_fits(location.address, location.size, reader.size())) {
     throw FormatError(where(row) + ": chunk " + std::to_string(chunk) + " (" +
                       std::to_string(location.size) + " bytes at offset " +
                       std::to_string(location.address) + ") runs past the end of the file (" +
-                      std::to_string(reader->size()) + " bytes): truncated or corrupt");
+                      std::to_string(reader.size()) + " bytes): truncated or corrupt");
   }
   if (buffer.size() < location.size) buffer.resize(location.size);
   const std::span<std::byte> raw(buffer.data(), location.size);
-  reader->read_exact(location.address, raw);
+  reader.read_exact(location.address, raw);
   return raw;
 }
 
 void Hdf5Dataset::decode_into(size_t chunk, int64_t row, std::span<std::byte> dst) const {
   const Hdf5ChunkLocation& location = chunks[chunk];
+  const auto reader = files->data.get(data_key);
   const bool unfiltered =
       filters.empty() ||
       (filters.size() < 32 && location.filter_mask == (uint32_t{1} << filters.size()) - 1);
@@ -421,7 +651,7 @@ void Hdf5Dataset::decode_into(size_t chunk, int64_t row, std::span<std::byte> ds
   thread_local std::vector<std::byte> kept;
   std::vector<std::byte> local;
   const std::span<const std::byte> raw =
-      read_raw(chunk, row, location.size <= kKeptBufferBytes ? kept : local);
+      read_raw(*reader, chunk, row, location.size <= kKeptBufferBytes ? kept : local);
   try {
     decode_chunk_into(raw, filters, location.filter_mask, dst, element_size);
   } catch (const Error& e) {

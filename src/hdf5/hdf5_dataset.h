@@ -1,9 +1,11 @@
-// One HDF5 dataset in one file, opened and described under the HDF5 mutex,
-// then read without the library where it can be. Internal.
+// One HDF5 dataset in one file, described and checked under the HDF5 lock at
+// open, then read without the library where that was proven equal. Internal.
 #pragma once
 
-#include <hdf5.h>
+#include <sys/types.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <list>
@@ -15,21 +17,55 @@
 #include <utility>
 #include <vector>
 
-#include "io/file_io.h"
+#include "hdf5/hdf5_api.h"
+#include "io/file_handle_cache.h"
 #include "leanloader/core/dtype.h"
 #include "leanloader/core/tensor.h"
 #include "leanloader/hdf5/chunk_filters.h"
 
 namespace leanloader::detail {
 
-// Every call into the HDF5 library holds this mutex: Debian's libhdf5 is not
-// built thread-safe, and a thread-safe build would serialise anyway.
-std::mutex& hdf5_mutex();
-
 class ChunkCache;
+struct Hdf5Dataset;
+
+// HDF5 file and dataset identifiers of datasets read through the library,
+// opened on demand and closed beyond a budget (each holds a descriptor).
+// Used only under Hdf5Lock.
+class LibraryHandles {
+ public:
+  explicit LibraryHandles(size_t budget) : budget_(budget) {}
+  ~LibraryHandles();
+  LibraryHandles(const LibraryHandles&) = delete;
+  LibraryHandles& operator=(const LibraryHandles&) = delete;
+
+  // The open dataset identifier of `owner`; throws FormatError with the
+  // library's cause when the file no longer opens.
+  hid_t dataset(const Hdf5Dataset& owner);
+  void forget(const Hdf5Dataset* owner);
+
+ private:
+  struct Open {
+    const Hdf5Dataset* owner;
+    hid_t file;
+    hid_t dataset;
+  };
+  void close(const Open& open);
+  size_t budget_;
+  std::list<Open> open_;  // most recently used first
+  pid_t owner_pid_ = ::getpid();
+};
+
+// The descriptors of one source: data files for the fast paths, library
+// handles for the rest.
+struct Hdf5Files {
+  explicit Hdf5Files(size_t budget)
+      : data(budget), library(std::clamp<size_t>(data.budget() / 8, 4, 32)) {}
+  FileHandleCache data;
+  LibraryHandles library;
+};
 
 struct Hdf5ChunkLocation {
-  uint64_t address = 0;  // HADDR_UNDEF when the chunk was never written
+  uint64_t address = 0;  // kHaddrUndef when the chunk was never written
   uint64_t size = 0;     // stored (filtered) bytes
   uint32_t filter_mask = 0;
 };
@@ -37,8 +73,10 @@ struct Hdf5ChunkLocation {
 enum class Hdf5ReadPath { kPread, kChunks, kMemory, kLibrary };
 
 struct Hdf5Dataset {
-  // Opens `dataset` in `path` (takes the HDF5 mutex).
-  Hdf5Dataset(const std::string& path, const std::string& dataset);
+  // Opens `dataset` in `path`, describes it and checks the fast path against
+  // the library (takes the HDF5 lock).
+  Hdf5Dataset(const std::string& path, const std::string& dataset,
+              std::shared_ptr<Hdf5Files> files);
   ~Hdf5Dataset();
   Hdf5Dataset(const Hdf5Dataset&) = delete;
   Hdf5Dataset& operator=(const Hdf5Dataset&) = delete;
@@ -47,7 +85,8 @@ struct Hdf5Dataset {
   void read_row(int64_t row, std::span<std::byte> dst, ChunkCache* cache) const;
   std::string where(int64_t row) const;  // "'file' dataset 'name' row N"
 
-  std::string path;
+  std::string path;       // the file the user named
+  std::string data_path;  // the file that holds the data (another one through an external link)
   std::string name;
   DType dtype = DType::kU8;
   size_t element_size = 1;
@@ -70,21 +109,26 @@ struct Hdf5Dataset {
   // kMemory
   std::vector<std::byte> data;
 
-  std::unique_ptr<File> reader;
-  hid_t file_id = -1;
-  hid_t dataset_id = -1;
-  hid_t memory_type = -1;  // for H5Dread: the file type, little-endian
+  std::shared_ptr<Hdf5Files> files;
+  size_t data_key = 0;     // in files->data (fast paths)
+  hid_t memory_type = -1;  // for H5Dread: the file's type as stored in memory here
   pid_t owner_pid = 0;
 
  private:
+  void describe_locked(hid_t file, hid_t dset);
   void index_chunks_locked(hid_t dset, hid_t plist, const std::string& here);
+  bool chunk_base_matches_locked(hid_t dset, uint64_t userblock, std::string& why);
+  void check_fast_path_locked(hid_t dset);
+  bool library_read_locked(hid_t dset, int64_t row, size_t box_from_dim,
+                           std::span<std::byte> dst) const;
   void read_row_library(int64_t row, std::span<std::byte> dst) const;
   void read_row_chunks(int64_t row, std::span<std::byte> dst, ChunkCache* cache) const;
   std::shared_ptr<const std::vector<std::byte>> load_chunk(size_t chunk, int64_t row,
                                                            ChunkCache* cache) const;
   void decode_into(size_t chunk, int64_t row, std::span<std::byte> dst) const;
-  std::span<const std::byte> read_raw(size_t chunk, int64_t row,
+  std::span<const std::byte> read_raw(const File& file, size_t chunk, int64_t row,
                                       std::vector<std::byte>& buffer) const;
+  bool library_decodes_filters_ = true;  // every filter is registered with the library
 };
 
 // Decoded chunks shared by rows of the same chunk, least recently used first

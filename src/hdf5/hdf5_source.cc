@@ -9,6 +9,7 @@
 #include "hdf5/hdf5_dataset.h"
 #include "leanloader/core/checked_size.h"
 #include "leanloader/core/error.h"
+#include "leanloader/hdf5/hdf5_library.h"
 
 namespace leanloader {
 
@@ -58,6 +59,7 @@ std::shared_ptr<HDF5Source> HDF5Source::open(std::vector<HDF5Field> fields,
   source->options_ = options;
   source->owner_pid_ = ::getpid();
   source->cache_ = std::make_unique<detail::ChunkCache>(options.chunk_cache_bytes);
+  source->files_ = std::make_shared<detail::Hdf5Files>(options.max_open_files);
   std::string description;
   for (HDF5Field& spec : fields) {
     for (const Field& other : source->fields_) {
@@ -68,7 +70,7 @@ std::shared_ptr<HDF5Source> HDF5Source::open(std::vector<HDF5Field> fields,
     field.name = spec.name;
     field.dataset = spec.dataset;
     for (const std::string& path : expand(spec.files)) {
-      auto part = std::make_shared<detail::Hdf5Dataset>(path, spec.dataset);
+      auto part = std::make_shared<detail::Hdf5Dataset>(path, spec.dataset, source->files_);
       if (!field.parts.empty()) {
         const detail::Hdf5Dataset& head = *field.parts.front();
         if (part->dtype != head.dtype || part->row_shape != head.row_shape) {
@@ -169,6 +171,9 @@ std::vector<std::string> HDF5Source::layout(size_t field) const {
   for (const auto& part : fields_.at(field).parts) {
     std::string entry = path_name(part->read_path);
     if (part->read_path == detail::Hdf5ReadPath::kLibrary) entry += ": " + part->library_reason;
+    if (part->read_path != detail::Hdf5ReadPath::kLibrary && part->data_path != part->path) {
+      entry += " (data in '" + part->data_path + "')";
+    }
     out.push_back(std::move(entry));
   }
   return out;
@@ -176,11 +181,10 @@ std::vector<std::string> HDF5Source::layout(size_t field) const {
 
 size_t HDF5Source::chunk_cache_bytes() const { return cache_->bytes(); }
 
-bool HDF5Source::library_threadsafe() {
-  std::lock_guard lock(detail::hdf5_mutex());
-  hbool_t threadsafe = false;
-  H5is_library_threadsafe(&threadsafe);
-  return threadsafe;
-}
+bool HDF5Source::library_threadsafe() { return hdf5_library_info().threadsafe; }
+
+size_t HDF5Source::open_file_budget() const noexcept { return files_->data.budget(); }
+
+size_t HDF5Source::open_file_count() const { return files_->data.open_count(); }
 
 }  // namespace leanloader

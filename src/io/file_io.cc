@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -16,7 +17,19 @@ namespace leanloader::detail {
 
 File::File(const std::string& path) : path_(path) {
   fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd_ < 0) throw IoError("cannot open", path, errno);
+  if (fd_ < 0) {
+    const int error_number = errno;
+    if (error_number == EMFILE || error_number == ENFILE) {
+      rlimit limit{};
+      ::getrlimit(RLIMIT_NOFILE, &limit);
+      throw IoError("too many open files in this process (ulimit -n is " +
+                        std::to_string(limit.rlim_cur) +
+                        "; raise it, or hold fewer files open) "
+                        "while opening",
+                    path, error_number);
+    }
+    throw IoError("cannot open", path, error_number);
+  }
   struct stat st {};
   if (::fstat(fd_, &st) != 0) {
     const int error_number = errno;

@@ -20,6 +20,8 @@ namespace leanloader {
 inline constexpr int kHdf5FilterDeflate = 1;
 inline constexpr int kHdf5FilterShuffle = 2;
 inline constexpr int kHdf5FilterFletcher32 = 3;
+inline constexpr int kHdf5FilterLzf = 32000;    // h5py's
+inline constexpr int kHdf5FilterBlosc = 32001;  // PyTables', hdf5plugin's
 inline constexpr int kHdf5FilterLz4 = 32004;
 inline constexpr int kHdf5FilterZstd = 32015;
 

@@ -8,25 +8,36 @@
 // images[trial_to_image[i]]). Every field must end up with the same number of
 // rows.
 //
-// How rows are read. Each file is opened and described once, under one
-// process-wide mutex (Debian's HDF5 1.10 is not thread-safe): dtype, shape,
-// layout, the file address of contiguous data and the address, size and
-// filter mask of every chunk. Reads then bypass the library:
+// How rows are read. Each file is opened and described once, under the HDF5
+// lock (hdf5_library.h: the HDF5 h5py uses when it is loaded, else the
+// system's): dtype, shape, layout, the file that holds the data (through
+// external links), the file address of contiguous data and the address,
+// size and filter mask of every chunk. The fast path then proves itself: a
+// chunk read with pread must equal H5Dread_chunk's (which also settles
+// whether addresses include a user block), and the first and last row must
+// equal H5Dread's; on any difference the file is read through the library.
+// Reads then bypass the library:
 // - contiguous, unfiltered data: pread at the dataset's offset, straight into
 //   the batch row;
 // - chunked data: the raw chunks are pread and their filters (shuffle,
-//   deflate, lz4, zstd) reversed in the worker thread (chunk_filters.h);
+//   deflate, lz4, zstd, blosc, lzf) reversed in the worker thread
+//   (chunk_filters.h); edge chunks stored unfiltered
+//   (H5D_CHUNK_DONT_FILTER_PARTIAL_CHUNKS) are read as stored;
 //   chunks holding several rows go through a small LRU cache with a byte
 //   budget;
 // - compact data (at most 64 KiB, stored in the object header) is read once
 //   at open;
-// - everything else (an unknown filter, Fletcher-32, external or virtual
-//   storage, unallocated chunks, a big-endian type) is read with H5Dread
-//   under the mutex; layout() says which path each file takes and why.
-// Types: signed and unsigned integers of 8 to 64 bits, float16/32/64,
-// bfloat16, and h5py's bool (an int8 enum FALSE/TRUE). Compound, string,
-// variable-length, array, reference and opaque types cannot become a tensor
-// and are rejected at open.
+// - everything else (a filter registered with the library only, Fletcher-32,
+//   external or virtual storage, unallocated chunks, a big-endian or n-bit
+//   type) is read with H5Dread under the lock; layout() says which path each
+//   file takes and why. A filter neither can decode is an error at open.
+// Data files are opened on demand within max_open_files descriptors, so a
+// source may span more files than the descriptor limit.
+// Types: signed and unsigned integers of 8 to 64 bits (n-bit ones widened by
+// H5Dread), bitfields (as unsigned integers, as h5py reads them),
+// float16/32/64, bfloat16, and h5py's bool (an int8 enum FALSE/TRUE).
+// Compound, string, variable-length, array, reference and opaque types
+// cannot become a tensor and are rejected at open.
 //
 // Thread-safety: read_sample may run on many threads at once. Fork-safety: a
 // process forked after the source was opened must not use it (the HDF5
@@ -49,6 +60,7 @@ namespace leanloader {
 
 namespace detail {
 struct Hdf5Dataset;
+struct Hdf5Files;
 class ChunkCache;
 }  // namespace detail
 
@@ -65,6 +77,9 @@ struct HDF5Field {
 struct HDF5SourceOptions {
   // Bytes of decoded chunks kept for chunks that hold several rows.
   size_t chunk_cache_bytes = size_t{64} << 20;
+  // Data files held open at once (least recently read closed beyond it); 0
+  // picks a quarter of the descriptor limit (ulimit -n), within [16, 512].
+  size_t max_open_files = 0;
 };
 
 class HDF5Source final : public Source {
@@ -96,8 +111,11 @@ class HDF5Source final : public Source {
   size_t chunk_cache_budget() const noexcept { return options_.chunk_cache_bytes; }
   // Bytes of decoded chunks held right now.
   size_t chunk_cache_bytes() const;
-  // True when the linked HDF5 library was built thread-safe (we lock anyway).
+  // True when the HDF5 library in use was built thread-safe (we lock anyway).
   static bool library_threadsafe();
+  // Data files this source may hold open at once, and holds open now.
+  size_t open_file_budget() const noexcept;
+  size_t open_file_count() const;
 
  private:
   struct Field {
@@ -116,6 +134,7 @@ class HDF5Source final : public Source {
   std::vector<FieldSpec> specs_;
   HDF5SourceOptions options_;
   std::unique_ptr<detail::ChunkCache> cache_;
+  std::shared_ptr<detail::Hdf5Files> files_;
   int64_t rows_ = 0;
   size_t sample_bytes_ = 0;
   std::string description_;

@@ -1,7 +1,9 @@
 #include "leanloader/hdf5/chunk_filters.h"
 
+#include <blosc.h>
 #include <gtest/gtest.h>
 #include <lz4.h>
+#include <lzf.h>
 #include <zlib.h>
 #include <zstd.h>
 
@@ -142,9 +144,39 @@ TEST(Hdf5ChunkFiltersTest, CorruptChunksAreFormatErrorsNamingTheFilter) {
 }
 
 TEST(Hdf5ChunkFiltersTest, UnknownFilterIsInvalidArgument) {
-  const Hdf5Filter blosc{32001, {}, "blosc"};
-  EXPECT_FALSE(hdf5_filter_supported(32001));
-  EXPECT_THROW(decode_chunk(sample_bytes(10), {blosc}, 0, 10, 1), InvalidArgument);
+  const Hdf5Filter bzip2{307, {}, "bzip2"};
+  EXPECT_FALSE(hdf5_filter_supported(307));
+  EXPECT_THROW(decode_chunk(sample_bytes(10), {bzip2}, 0, 10, 1), InvalidArgument);
+}
+
+TEST(Hdf5ChunkFiltersTest, BloscChunksAsBloscWritesThem) {
+  const std::vector<std::byte> chunk = sample_bytes(4000);
+  for (const char* codec : {"blosclz", "lz4", "zstd", "zlib"}) {
+    std::vector<std::byte> stored(chunk.size() + BLOSC_MAX_OVERHEAD);
+    const int size = blosc_compress_ctx(5, BLOSC_SHUFFLE, 4, chunk.size(), chunk.data(),
+                                        stored.data(), stored.size(), codec, 0, 1);
+    ASSERT_GT(size, 0) << codec;
+    stored.resize(static_cast<size_t>(size));
+    const Hdf5Filter blosc{kHdf5FilterBlosc, {2, 2, 4, 4000, 5, 1, 1}, "blosc"};
+    EXPECT_EQ(decode_chunk(stored, {blosc}, 0, chunk.size(), 4), chunk) << codec;
+    EXPECT_THROW(decode_chunk(stored, {blosc}, 0, chunk.size() + 4, 4), FormatError);
+    stored.resize(stored.size() / 2);
+    EXPECT_THROW(decode_chunk(stored, {blosc}, 0, chunk.size(), 4), FormatError) << codec;
+  }
+}
+
+TEST(Hdf5ChunkFiltersTest, LzfChunksAsLzfWritesThem) {
+  const std::vector<std::byte> chunk = sample_bytes(4000);
+  std::vector<std::byte> stored(chunk.size());
+  const unsigned size = lzf_compress(chunk.data(), static_cast<unsigned>(chunk.size()),
+                                     stored.data(), static_cast<unsigned>(stored.size()));
+  ASSERT_GT(size, 0u);
+  stored.resize(size);
+  const Hdf5Filter lzf{kHdf5FilterLzf, {4, 261, 4000}, "lzf"};
+  EXPECT_EQ(decode_chunk(stored, {lzf}, 0, chunk.size(), 4), chunk);
+  EXPECT_EQ(decode_chunk(chunk, {lzf}, 1, chunk.size(), 4), chunk);  // stored as it was
+  stored.resize(stored.size() - 3);
+  EXPECT_THROW(decode_chunk(stored, {lzf}, 0, chunk.size(), 4), FormatError);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <numeric>
 #include <thread>
@@ -41,6 +42,8 @@ struct Layout {
   std::vector<hsize_t> chunk;  // empty: contiguous
   bool shuffle = false;
   int deflate = -1;
+  hsize_t userblock = 0;            // bytes before the HDF5 data (MATLAB v7.3 files: 512)
+  bool unfiltered_partial = false;  // H5D_CHUNK_DONT_FILTER_PARTIAL_CHUNKS
 };
 
 // Writes `values` as dataset `name` of `shape` with the HDF5 C library.
@@ -48,7 +51,10 @@ template <typename T>
 void write_dataset(const std::string& path, const std::string& name, hid_t type,
                    const std::vector<hsize_t>& shape, const std::vector<T>& values,
                    const Layout& layout = {}) {
-  const hid_t file = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  const hid_t create = H5Pcreate(H5P_FILE_CREATE);
+  if (layout.userblock != 0) H5Pset_userblock(create, layout.userblock);
+  const hid_t file = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, create, H5P_DEFAULT);
+  H5Pclose(create);
   ASSERT_GE(file, 0);
   const hid_t space = H5Screate_simple(static_cast<int>(shape.size()), shape.data(), nullptr);
   const hid_t plist = H5Pcreate(H5P_DATASET_CREATE);
@@ -56,6 +62,7 @@ void write_dataset(const std::string& path, const std::string& name, hid_t type,
     H5Pset_chunk(plist, static_cast<int>(layout.chunk.size()), layout.chunk.data());
     if (layout.shuffle) H5Pset_shuffle(plist);
     if (layout.deflate >= 0) H5Pset_deflate(plist, static_cast<unsigned>(layout.deflate));
+    if (layout.unfiltered_partial) H5Pset_chunk_opts(plist, H5D_CHUNK_DONT_FILTER_PARTIAL_CHUNKS);
   }
   const hid_t links = H5Pcreate(H5P_LINK_CREATE);
   H5Pset_create_intermediate_group(links, 1);
@@ -251,6 +258,117 @@ TEST(HDF5SourceTest, AForkedChildGetsAClearError) {
   EXPECT_EQ(WEXITSTATUS(status), 0);
   CollectingWriter writer(*source);
   EXPECT_NO_THROW(source->read_sample(3, writer));  // the parent still reads
+}
+
+// Reads every sample of a one-field source.
+template <typename T>
+std::vector<T> all_rows(const HDF5Source& source) {
+  std::vector<T> out;
+  for (int64_t i = 0; i < source.size(); ++i) {
+    CollectingWriter writer(source);
+    source.read_sample(i, writer);
+    const auto row = writer.values<T>(0);
+    out.insert(out.end(), row.begin(), row.end());
+  }
+  return out;
+}
+
+TEST(HDF5SourceTest, UserBlockFilesAreReadAtTheirRealOffsets) {
+  TempDir dir;
+  const auto values = iota_values<int32_t>(6 * 40);
+  for (const bool chunked : {false, true}) {
+    for (const int deflate : {-1, 4}) {
+      if (!chunked && deflate >= 0) continue;
+      Layout layout;
+      layout.userblock = 512;
+      if (chunked) layout.chunk = {2, 40};
+      layout.deflate = deflate;
+      const std::string path = dir.file("ub" + std::to_string(chunked) + std::to_string(deflate));
+      write_dataset(path, "x", H5T_NATIVE_INT32, {6, 40}, values, layout);
+      const auto source = HDF5Source::open({{"x", path, "x", std::nullopt}});
+      EXPECT_EQ(source->layout(0).front(), chunked ? "chunks" : "pread");
+      EXPECT_EQ(all_rows<int32_t>(*source), values) << path;
+    }
+  }
+}
+
+TEST(HDF5SourceTest, UnfilteredPartialEdgeChunksAreReadAsStored) {
+  TempDir dir;
+  const auto values = iota_values<int16_t>(7 * 6 * 5);
+  Layout layout{{3, 4, 2}, true, 4};
+  layout.unfiltered_partial = true;
+  write_dataset(dir.file("edge.h5"), "y", H5T_NATIVE_INT16, {7, 6, 5}, values, layout);
+  const auto source = HDF5Source::open({{"y", dir.file("edge.h5"), "y", std::nullopt}});
+  EXPECT_EQ(source->layout(0).front(), "chunks");
+  EXPECT_EQ(all_rows<int16_t>(*source), values);
+}
+
+TEST(HDF5SourceTest, ExternalLinksAreReadFromTheFileThatHoldsTheData) {
+  TempDir dir;
+  const auto values = iota_values<float>(5 * 8, 1.0f);
+  for (const bool chunked : {false, true}) {
+    const std::string target = dir.file(chunked ? "target_c.h5" : "target.h5");
+    Layout layout;
+    if (chunked) layout.chunk = {1, 8};
+    write_dataset(target, "data", H5T_NATIVE_FLOAT, {5, 8}, values, layout);
+    const std::string linking = dir.file(chunked ? "link_c.h5" : "link.h5");
+    // The linking file has a dataset of its own first, so offsets differ.
+    write_dataset(linking, "padding", H5T_NATIVE_FLOAT, {64, 8}, iota_values<float>(512, 9.0f));
+    const hid_t file = H5Fopen(linking.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    ASSERT_GE(H5Lcreate_external(target.c_str(), "data", file, "linked", H5P_DEFAULT, H5P_DEFAULT),
+              0);
+    H5Fclose(file);
+    const auto source = HDF5Source::open({{"x", linking, "linked", std::nullopt}});
+    EXPECT_NE(source->layout(0).front().find("target"), std::string::npos)
+        << source->layout(0).front();
+    EXPECT_EQ(all_rows<float>(*source), values);
+  }
+}
+
+TEST(HDF5SourceTest, FilesOpenOnDemandWithinTheDescriptorBudget) {
+  TempDir dir;
+  std::vector<int64_t> expected;
+  for (int f = 0; f < 40; ++f) {
+    char name[32];
+    std::snprintf(name, sizeof name, "shard%03d.h5", f);
+    const auto values = iota_values<int64_t>(3 * 2, int64_t{f} * 100);
+    write_dataset(dir.file(name), "v", H5T_NATIVE_INT64, {3, 2}, values, {{1, 2}});
+    expected.insert(expected.end(), values.begin(), values.end());
+  }
+  HDF5SourceOptions options;
+  options.max_open_files = 16;
+  const auto source = HDF5Source::open({{"v", dir.file("shard*.h5"), "v", std::nullopt}}, options);
+  EXPECT_EQ(source->open_file_budget(), 16u);
+  EXPECT_LE(source->open_file_count(), 16u);
+  for (int pass = 0; pass < 2; ++pass) EXPECT_EQ(all_rows<int64_t>(*source), expected);
+  EXPECT_LE(source->open_file_count(), 16u);
+}
+
+TEST(HDF5SourceTest, AFileReplacedUnderTheSourceIsAnError) {
+  TempDir dir;
+  for (int f = 0; f < 20; ++f) {
+    write_dataset(dir.file("s" + std::to_string(f + 10) + ".h5"), "v", H5T_NATIVE_INT32, {2, 2},
+                  iota_values<int32_t>(4), {{1, 2}});
+  }
+  HDF5SourceOptions options;
+  options.max_open_files = 16;
+  const auto source = HDF5Source::open({{"v", dir.file("s*.h5"), "v", std::nullopt}}, options);
+  // s10.h5 was closed to stay within the budget; now it is another file.
+  write_dataset(dir.file("s10.h5"), "v", H5T_NATIVE_INT32, {2, 2}, iota_values<int32_t>(4, 7),
+                {{1, 2}});
+  CollectingWriter writer(*source);
+  const std::string message = error_of([&] { source->read_sample(0, writer); });
+  EXPECT_NE(message.find("replaced or modified"), std::string::npos) << message;
+}
+
+TEST(HDF5SourceTest, LibraryErrorsGiveTheDeepestCause) {
+  TempDir dir;
+  const std::string path = dir.file("cut.h5");
+  write_dataset(path, "x", H5T_NATIVE_INT32, {64, 64}, iota_values<int32_t>(64 * 64));
+  std::filesystem::resize_file(path, 1000);
+  const std::string message = error_of([&] { HDF5Source::open({{"x", path, "x", std::nullopt}}); });
+  EXPECT_NE(message.find("'" + path + "'"), std::string::npos) << message;
+  EXPECT_NE(message.find("truncated"), std::string::npos) << message;
 }
 
 }  // namespace

@@ -2,16 +2,18 @@
 
 Data: ``sessions`` HDF5 files of ``trials`` float32 fMRI betas each (the
 seed's (150, 150, 100), 9 MB per trial in the full size), chunked one trial
-per chunk, written twice: uncompressed and gzip level 1 (with shuffle); plus
+per chunk, written three times: uncompressed, gzip level 1 (with shuffle) and
+Blosc-LZ4 (byte shuffle; hdf5plugin's filter, PyTables' default codec); plus
 one file of ``images`` 425×425×3 uint8 stimuli and an index trial -> image.
 Batch 32, shuffled.
 
-- ``leanloader`` / ``leanloader-gzip``: ``ll.HDF5Source`` with the index join,
-  4 native threads; chunks are read with ``pread`` and (gzip) inflated in
-  those threads, past HDF5's global lock.
-- ``torch-4`` / ``torch-2`` (and ``-gzip``): the seed's Dataset — h5py files
-  opened lazily in ``__getitem__`` and kept per worker, one trial and its
-  image per item — under ``torch.utils.data.DataLoader`` with 4 or 2 workers,
+- ``leanloader`` / ``leanloader-gzip`` / ``leanloader-blosc``: ``ll.HDF5Source``
+  with the index join, 4 native threads; chunks are read with ``pread`` and
+  (gzip, Blosc) decoded in those threads, past HDF5's global lock.
+- ``torch-4`` / ``torch-2`` (and ``-gzip``, ``-blosc``): the seed's Dataset —
+  h5py files opened lazily in ``__getitem__`` and kept per worker, one trial
+  and its image per item (hdf5plugin imported for Blosc, as its documentation
+  says) — under ``torch.utils.data.DataLoader`` with 4 or 2 workers,
   persistent, prefetch factor 2 (fork on Linux up to Python 3.13).
 - ``pread``: the limit: the same chunk and image bytes read with
   ``os.preadv`` by 4 threads straight into one batch buffer reused for every
@@ -33,14 +35,24 @@ from leanloader.bench.scenarios import Goal, LoaderContext, LoaderRun, Scenario
 BATCH_SIZE = 32
 THREADS = 4
 IMAGE_SHAPE = (425, 425, 3)
-VARIANTS = ("raw", "gzip")
+VARIANTS = ("raw", "gzip", "blosc")
 
 
 def _folder(data_dir: Path, size: Mapping[str, Any]) -> Path:
     shape = "x".join(str(d) for d in size["trial_shape"])
     return (
-        Path(data_dir) / f"hdf5-{size['sessions']}x{size['trials']}x{shape}-{size['images']}img-v1"
+        Path(data_dir) / f"hdf5-{size['sessions']}x{size['trials']}x{shape}-{size['images']}img-v2"
     )
+
+
+def _compression(variant: str) -> dict[str, Any]:
+    if variant == "gzip":
+        return {"compression": "gzip", "compression_opts": 1, "shuffle": True}
+    if variant == "blosc":
+        import hdf5plugin
+
+        return dict(hdf5plugin.Blosc(cname="lz4", clevel=5, shuffle=hdf5plugin.Blosc.SHUFFLE))
+    return {}
 
 
 def prepare(data_dir: Path, size: Mapping[str, Any]) -> dict[str, Any]:
@@ -60,13 +72,9 @@ def prepare(data_dir: Path, size: Mapping[str, Any]) -> dict[str, Any]:
             # Betas rounded to 1/64: noisy like real betas, somewhat compressible.
             betas = np.round(rng.normal(size=(trials, *trial_shape)) * 64).astype(np.float32) / 64
             for variant in VARIANTS:
-                options = {"compression": "gzip", "compression_opts": 1, "shuffle": True}
                 with h5py.File(folder / variant / f"betas_session{s + 1:02d}.hdf5", "w") as f:
                     f.create_dataset(
-                        "betas",
-                        data=betas,
-                        chunks=(1, *trial_shape),
-                        **(options if variant == "gzip" else {}),
+                        "betas", data=betas, chunks=(1, *trial_shape), **_compression(variant)
                     )
         pictures = rng.integers(0, 256, size=(images, *IMAGE_SHAPE), dtype=np.uint8)
         with h5py.File(folder / "stimuli.hdf5", "w") as f:
@@ -132,6 +140,7 @@ class SessionDataset:
 
     def _open(self, path: str) -> Any:
         import h5py
+        import hdf5plugin  # noqa: F401  (Blosc files: the plugin registers the filter)
 
         if path not in self._handles:
             self._handles[path] = h5py.File(path, "r")
@@ -226,7 +235,7 @@ def _describe_size(size: Mapping[str, Any]) -> str:
     mb = np.prod(size["trial_shape"]) * 4 / 1e6
     return (
         f"{size['sessions']} session files × {size['trials']} trials of float32 {shape} "
-        f"({mb:.1f} MB, one chunk each; uncompressed and gzip-1), {size['images']} images "
+        f"({mb:.1f} MB, one chunk each; uncompressed, gzip-1, Blosc-LZ4), {size['images']} images "
         f"425×425×3 uint8 joined by index; batch {BATCH_SIZE}, shuffled, {size['epochs']} epochs"
     )
 
@@ -259,7 +268,7 @@ def _torch(workers: int, variant: str) -> LoaderRun:
         name="torch",
         function=iterate_torch,
         threads=workers,
-        imports=("torch", "h5py"),
+        imports=("torch", "h5py", "hdf5plugin"),
         options={"workers": workers, "variant": variant},
         row_options=("workers", "variant"),
         label=f"torch DataLoader + h5py, {workers} workers ({variant})",
@@ -290,10 +299,13 @@ SCENARIO = Scenario(
     loaders=(
         _leanloader("raw"),
         _leanloader("gzip"),
+        _leanloader("blosc"),
         _torch(4, "raw"),
         _torch(2, "raw"),
         _torch(4, "gzip"),
         _torch(2, "gzip"),
+        _torch(4, "blosc"),
+        _torch(2, "blosc"),
         LoaderRun(
             name="pread",
             function=iterate_pread,
@@ -307,6 +319,8 @@ SCENARIO = Scenario(
         ("leanloader", "torch-2"),
         ("leanloader-gzip", "torch-4-gzip"),
         ("leanloader-gzip", "torch-2-gzip"),
+        ("leanloader-blosc", "torch-4-blosc"),
+        ("leanloader-blosc", "torch-2-blosc"),
         ("leanloader", "pread"),
     ),
     goals=(
@@ -333,6 +347,18 @@ SCENARIO = Scenario(
             "samples_per_s",
             at_least=1.5,
             ratio="leanloader-gzip/torch-2-gzip",
+        ),
+        Goal(
+            "Blosc-LZ4: samples/s ≥ 2× torch + hdf5plugin, 4 workers",
+            "samples_per_s",
+            at_least=2.0,
+            ratio="leanloader-blosc/torch-4-blosc",
+        ),
+        Goal(
+            "Blosc-LZ4: samples/s ≥ 2× torch + hdf5plugin, 2 workers",
+            "samples_per_s",
+            at_least=2.0,
+            ratio="leanloader-blosc/torch-2-blosc",
         ),
         Goal(
             "uncompressed: ≥ 80% of raw pread",

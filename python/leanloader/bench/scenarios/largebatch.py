@@ -90,7 +90,7 @@ def iterate_torch(context: LoaderContext) -> Iterator[Any]:
 
 
 def _describe_size(size: Mapping[str, Any]) -> str:
-    return _hdf5._describe_size(size).replace("uncompressed and gzip-1", "uncompressed")
+    return _hdf5._describe_size(size).replace("uncompressed, gzip-1, Blosc-LZ4", "uncompressed")
 
 
 def _leanloader(workers: int, mode: str, start: str = "") -> LoaderRun:

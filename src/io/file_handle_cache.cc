@@ -1,0 +1,87 @@
+#include "io/file_handle_cache.h"
+
+#include <sys/resource.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include "leanloader/core/error.h"
+
+namespace leanloader::detail {
+
+namespace {
+
+size_t default_budget() {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return 512;
+  return std::clamp<size_t>(static_cast<size_t>(limit.rlim_cur) / 4, 16, 512);
+}
+
+}  // namespace
+
+FileHandleCache::FileHandleCache(size_t budget)
+    : budget_(budget != 0 ? budget : default_budget()) {}
+
+size_t FileHandleCache::add(const std::string& path) {
+  auto file = std::make_shared<const File>(path);
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) throw IoError("cannot stat", path, errno);
+  std::lock_guard lock(mutex_);
+  const size_t key = entries_.size();
+  Entry& entry = entries_.emplace_back();
+  entry.path = path;
+  entry.identity = {st.st_dev, st.st_ino, static_cast<int64_t>(st.st_size),
+                    int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec};
+  entry.file = std::move(file);
+  entry.position = open_.end();
+  touch_locked(entry, key);
+  return key;
+}
+
+void FileHandleCache::touch_locked(Entry& entry, size_t key) {
+  if (entry.position != open_.end()) open_.erase(entry.position);
+  open_.push_front(key);
+  entry.position = open_.begin();
+  while (open_.size() > budget_) {
+    Entry& oldest = entries_[open_.back()];
+    oldest.file.reset();  // closes once its last reader lets go
+    oldest.position = open_.end();
+    open_.pop_back();
+  }
+}
+
+std::shared_ptr<const File> FileHandleCache::open_locked(Entry& entry, size_t key) {
+  auto file = std::make_shared<const File>(entry.path);
+  struct stat st {};
+  if (::stat(entry.path.c_str(), &st) != 0) throw IoError("cannot stat", entry.path, errno);
+  const Identity now{st.st_dev, st.st_ino, static_cast<int64_t>(st.st_size),
+                     int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec};
+  if (now.device != entry.identity.device || now.inode != entry.identity.inode ||
+      now.size != entry.identity.size || now.modified_ns != entry.identity.modified_ns) {
+    throw FormatError("'" + entry.path +
+                      "' was replaced or modified since the source opened it (size " +
+                      std::to_string(entry.identity.size) + " then, " + std::to_string(now.size) +
+                      " now); open the source again");
+  }
+  entry.file = file;
+  touch_locked(entry, key);
+  return file;
+}
+
+std::shared_ptr<const File> FileHandleCache::get(size_t key) {
+  std::lock_guard lock(mutex_);
+  Entry& entry = entries_.at(key);
+  if (entry.file) {
+    if (entry.position != open_.begin()) touch_locked(entry, key);
+    return entry.file;
+  }
+  return open_locked(entry, key);
+}
+
+size_t FileHandleCache::open_count() const {
+  std::lock_guard lock(mutex_);
+  return open_.size();
+}
+
+}  // namespace leanloader::detail
