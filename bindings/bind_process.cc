@@ -61,6 +61,9 @@ void bind_process(nb::module_& m) {
         nb::arg("expected_parent"),
         "prctl(PR_SET_PDEATHSIG): this process gets `signal` when its parent dies. "
         "False when `expected_parent` is already gone.");
+  m.def("exit_with_process", &exit_with_process, nb::arg("pid"),
+        "SIGKILLs this process when process `pid` exits (a native thread on a pidfd). False "
+        "when `pid` is already gone.");
   m.def("set_process_name", &set_process_name, nb::arg("name"),
         "prctl(PR_SET_NAME): the name `ps` and `top` show for this process (15 bytes kept).");
 

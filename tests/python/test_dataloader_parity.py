@@ -537,31 +537,71 @@ UNGUARDED = textwrap.dedent(
     sys.path.insert(0, {tests!r})
     import leanloader as ll
     from test_dataloader_parity import Numbers
+    print("top level ran")
     loader = ll.DataLoader(Numbers(), batch_size=2, num_workers=2)
     print(len(list(loader)))
     """
 )
 
+UNGUARDED_OWN_DATASET = textwrap.dedent(
+    """
+    import torch
+    import leanloader as ll
 
-def test_unguarded_script_gets_the_cause_and_both_fixes(tmp_path):
+
+    class Mine(torch.utils.data.Dataset):
+        def __len__(self):
+            return 6
+
+        def __getitem__(self, i):
+            return i
+
+
+    print("top level ran")
+    loader = ll.DataLoader(Mine(), batch_size=2, num_workers=2)
+    print(len(list(loader)))
+    """
+)
+
+
+def test_an_unguarded_script_runs_once_when_workers_need_nothing_from_it(tmp_path):
+    # Ultralytics' examples have no main guard. The dataset lives in another
+    # module: workers do not import the script, so it runs once, as with fork.
     script = tmp_path / "train.py"
     script.write_text(UNGUARDED.format(tests=str(Path(__file__).parent)))
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                             timeout=120)  # fmt: skip
-    assert result.returncode != 0
-    last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("RuntimeError"), result.stderr
-    assert str(script) in last
-    assert 'if __name__ == "__main__":' in last and 'worker_mode="thread"' in last
-    # the same code works once guarded, and unguarded with threads
-    script.write_text(
-        UNGUARDED.format(tests=str(Path(__file__).parent)).replace(
-            "num_workers=2)", 'num_workers=2, worker_mode="thread")'
-        )
-    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[:2] == ["top level ran", "7"], result.stdout
+
+
+def test_an_unguarded_script_whose_dataset_lives_in_it_is_stopped_before_workers_start(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(UNGUARDED_OWN_DATASET)
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                             timeout=120)  # fmt: skip
-    assert result.returncode == 0 and result.stdout.strip() == "7", result.stderr
+    assert result.returncode != 0
+    assert result.stdout.count("top level ran") == 1, result.stdout  # no worker re-ran it
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("RuntimeError"), result.stderr
+    line = UNGUARDED_OWN_DATASET.splitlines().index("print(len(list(loader)))") + 1
+    assert f"{script} (line {line})" in last
+    assert 'if __name__ == "__main__":' in last and 'worker_mode="thread"' in last
+    # the same code works once guarded, and unguarded with threads
+    guarded = UNGUARDED_OWN_DATASET.replace('print("top level ran")', 'if __name__ == "__main__":')
+    guarded = guarded.replace("\nloader = ", "\n    loader = ").replace(
+        "\nprint(len", "\n    print(len"
+    )
+    for text in (
+        guarded,
+        UNGUARDED_OWN_DATASET.replace("num_workers=2)", 'num_workers=2, worker_mode="thread")'),
+    ):
+        script.write_text(text)
+        result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                                timeout=120)  # fmt: skip
+        assert result.returncode == 0 and result.stdout.strip().splitlines()[-1] == "3", (
+            result.stdout + result.stderr
+        )
 
 
 # --- 13. ll.install() -----------------------------------------------------------------------------

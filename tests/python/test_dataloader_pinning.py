@@ -53,6 +53,12 @@ class CurrentStream(threading.local):
         return self.stream
 
 
+@pytest.fixture(autouse=True)
+def _in_place_opted_in(monkeypatch):
+    """In-place pinning is opt-in until it has run on a GPU; these tests opt in."""
+    monkeypatch.setenv("LEANLOADER_PIN_IN_PLACE", "1")
+
+
 @pytest.fixture
 def stand_in():
     """A stand-in device with a default and a side stream."""
@@ -130,7 +136,7 @@ def test_a_dropped_batch_is_not_overwritten_before_the_copy_queued_from_it_ran(s
 
 def test_without_in_place_pinning_nothing_is_registered(stand_in, monkeypatch):
     runtime, _streams, _current = stand_in
-    monkeypatch.setattr(pin, "PIN_IN_PLACE", False)
+    monkeypatch.setenv("LEANLOADER_PIN_IN_PLACE", "0")
     loader = ll.DataLoader(Numbered(), batch_size=4, num_workers=1, pin_memory=True)
     assert sum(len(labels) for _values, labels in loader) == 48
     assert runtime.registrations == 0

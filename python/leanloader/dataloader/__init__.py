@@ -10,9 +10,10 @@ num_workers, the same fetchers, the same per-worker seeding of random / numpy
 / torch, ``worker_init_fn`` and a fresh copy of the dataset in every pass's
 workers, IterDataPipe sharding across workers. What differs:
 
-- Workers are started by spawn (default) or forkserver, never by fork:
-  ``multiprocessing_context="fork"`` is refused unless ``force_fork=True``
-  (fork deadlocks once CUDA, OpenMP or any thread exists). A worker that
+- Workers are started by forkserver (default) or spawn; fork only when asked
+  for by name (``multiprocessing_context="fork"``), and then refused once a
+  GPU runtime is initialised in the process unless ``force_fork=True`` (fork
+  deadlocks then). A worker that
   re-imports a script without a main guard stops with an error naming the
   cause and both fixes.
 - The dataset is pickled once per pass, in the main process, into bytes that

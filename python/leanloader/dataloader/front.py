@@ -29,10 +29,11 @@ from leanloader.dataloader.thread_iter import ThreadIterator
 from leanloader.dataloader.worker import WorkerSetup
 
 FORK_REFUSED = (
-    "ll.DataLoader does not start workers with fork: a forked worker inherits the parent's "
-    "threads' locks (OpenMP, CUDA/ROCm contexts, allocator, OpenCV pools) and deadlocks at "
-    "random batches once any of them exists (see pytorch/pytorch#45198, #40403). Use 'spawn' "
-    "(the default) or 'forkserver'; pass force_fork=True to use fork anyway."
+    "ll.DataLoader does not fork workers from a process whose {runtime} runtime is initialised: "
+    "a forked worker inherits the parent's GPU context and its threads' locks and deadlocks or "
+    "fails at random batches (see pytorch/pytorch#45198, #40403). Use 'forkserver' (the "
+    "default) or 'spawn', create the loader's workers before the first GPU call, or pass "
+    "force_fork=True to fork anyway."
 )
 UNGUARDED_MAIN = (
     "ll.DataLoader was asked to start worker processes while {script} was being re-imported "
@@ -41,11 +42,31 @@ UNGUARDED_MAIN = (
     "Fix: put the code that builds and iterates the loader under "
     '`if __name__ == "__main__":`, or pass worker_mode="thread" (no worker processes).'
 )
+UNGUARDED_MAIN_NEEDED = (
+    "ll.DataLoader cannot start worker processes from the top level of {script} (line "
+    '{line}), outside `if __name__ == "__main__":`: the dataset, collate_fn or '
+    "worker_init_fn is defined in that script, so every worker would import it and run the "
+    "script's top level, training included, again. Fix: put the code that builds and "
+    'iterates the loader under `if __name__ == "__main__":`, move what the workers need into '
+    'a module of its own, or pass worker_mode="thread" (no worker processes).'
+)
 DEFAULT_WARN_COPY_BYTES = 64 << 20
 # How workers start when multiprocessing_context is None (see DataLoader._context).
 DEFAULT_START_METHOD = "forkserver"
 
 _T_co = TypeVar("_T_co", covariant=True)
+
+
+def _initialised_gpu_runtime() -> str | None:
+    """The GPU runtime this process has initialised (CUDA/ROCm, XPU), if any."""
+    import torch
+
+    if torch.cuda.is_initialized():
+        return "HIP" if torch.version.hip else "CUDA"
+    xpu = getattr(torch, "xpu", None)
+    if xpu is not None and getattr(xpu, "is_initialized", lambda: False)():
+        return "XPU"
+    return None
 
 
 class DataLoader(_TorchDataLoader[_T_co]):
@@ -116,6 +137,9 @@ class DataLoader(_TorchDataLoader[_T_co]):
         return self._progress.index_sampler(self, super()._index_sampler)
 
     def _refuse_fork(self) -> None:
+        """fork asked for by name is honoured, as torch honours it (its own
+        tests and frameworks ask for it), unless a GPU runtime is already
+        initialised in this process: that is the deadlock of seed 003."""
         context = self.multiprocessing_context
         if (
             context is not None
@@ -123,7 +147,9 @@ class DataLoader(_TorchDataLoader[_T_co]):
             and context.get_start_method() == "fork"
             and not self.force_fork
         ):
-            raise ValueError(FORK_REFUSED)
+            runtime = _initialised_gpu_runtime()
+            if runtime is not None:
+                raise ValueError(FORK_REFUSED.format(runtime=runtime))
 
     @property
     def _context(self) -> Any:
@@ -156,6 +182,14 @@ class DataLoader(_TorchDataLoader[_T_co]):
         loader_state.load_state_dict(self, state)
 
     def __iter__(self) -> Any:
+        # torch's hook: a subclass's _get_iterator() (frameworks wrap batches
+        # there) is what a pass iterates, as in torch.
+        return self._get_iterator()
+
+    def _get_iterator(self) -> Any:
+        """The iterator over one pass: new workers, or the persistent ones
+        reset (torch's __iter__ does that part; here every pass goes
+        through this hook, so a subclass's override sees each pass)."""
         self._progress.begin(self)
         stop_previous_pass(self)
         if self.persistent_workers and self.num_workers > 0:
@@ -167,12 +201,6 @@ class DataLoader(_TorchDataLoader[_T_co]):
         else:
             inner = self._new_iterator()
         return self._progress.counted(self, pinned(self, inner))
-
-    def _get_iterator(self) -> Any:
-        """A new iterator over one pass (torch's hook, called by frameworks
-        that subclass DataLoader)."""
-        self._progress.begin(self)
-        return self._progress.counted(self, pinned(self, self._new_iterator()))
 
     def _new_iterator(self) -> Any:
         pin_setup(self)
@@ -264,6 +292,48 @@ def _refuse_unguarded_main() -> None:
     import os
 
     os._exit(UNGUARDED_EXIT)
+
+
+def unguarded_main_line() -> tuple[str, int] | None:
+    """(script, line) when the main script's top level is running right now
+    outside an `if __name__ == "__main__":` block (the caller is that code),
+    else None."""
+    main = sys.modules.get("__main__")
+    script = getattr(main, "__file__", None)
+    if main is None or not script:
+        return None
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "<module>" and frame.f_globals is main.__dict__:
+            break
+        frame = frame.f_back
+    if frame is None:
+        return None
+    line = frame.f_lineno
+    try:
+        import ast
+
+        with open(script, encoding="utf-8") as source:
+            tree = ast.parse(source.read())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and _is_main_guard(node.test):
+            first, last = node.body[0].lineno, node.body[-1].end_lineno or node.body[-1].lineno
+            if first <= line <= last:
+                return None
+    return script, line
+
+
+def _is_main_guard(test: Any) -> bool:
+    import ast
+
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and len(test.comparators) == 1):
+        return False
+    sides = [test.left, test.comparators[0]]
+    names = [side.id for side in sides if isinstance(side, ast.Name)]
+    constants = [side.value for side in sides if isinstance(side, ast.Constant)]
+    return names == ["__name__"] and constants == ["__main__"] and isinstance(test.ops[0], ast.Eq)
 
 
 def pickling_error(setup: WorkerSetup, error: Exception) -> pickle.PicklingError:

@@ -12,22 +12,75 @@ affected and what is not:
   ``class InfiniteDataLoader(DataLoader)`` in a module imported after it)
   are ``ll.DataLoader`` subclasses;
 - a module that ran ``from torch.utils.data import DataLoader`` *before* the
-  call keeps torch's class under that name, and classes defined before the
-  call stay torch subclasses: call ``install()`` first thing (or run the
-  script with ``python -m leanloader.run script.py``);
+  call (``from ultralytics import YOLO`` first) has that name rebound to
+  ``ll.DataLoader``, and classes defined before the call that subclass
+  torch's class directly are re-based onto ``ll.DataLoader`` (a class that
+  cannot be is named in a warning); loaders built before the call stay
+  torch's. Calling ``install()`` first thing (or running the script with
+  ``python -m leanloader.run script.py``) needs none of that;
 - ``isinstance(loader, torch.utils.data.DataLoader)`` after install asks
   about ``ll.DataLoader``; every ``ll.DataLoader`` is also an instance of
   torch's original class.
 
-``uninstall()`` puts torch's class back (loaders and subclasses made in
-between stay leanloader's).
+``uninstall()`` puts torch's class back, and the names and bases install()
+changed (loaders made in between stay leanloader's).
+
+``LEANLOADER_INSTALL=1`` in the environment installs in every Python process
+that imports torch's DataLoader, child interpreters of torchrun or a
+framework's DDP launcher included (``leanloader_install.pth``, installed with
+the package, checks the variable at interpreter start).
 """
 
 from __future__ import annotations
 
+import sys
+import warnings
 from typing import Any
 
 _original: Any = None
+# What install() changed besides torch's two names, for uninstall().
+_rebased: list[tuple[type, tuple]] = []
+_rebound: list[tuple[Any, str]] = []
+
+
+def _subclasses(cls: type) -> list[type]:
+    found, stack = [], list(cls.__subclasses__())
+    while stack:
+        sub = stack.pop()
+        found.append(sub)
+        stack.extend(sub.__subclasses__())
+    return found
+
+
+def _adopt_existing(torch_class: type, ours: type) -> None:
+    """Re-bases classes and rebinds names made from torch's DataLoader before
+    install() was called."""
+    for cls in _subclasses(torch_class):
+        if issubclass(cls, ours) or torch_class not in cls.__bases__:
+            continue
+        bases = cls.__bases__
+        try:
+            cls.__bases__ = tuple(ours if base is torch_class else base for base in bases)
+            _rebased.append((cls, bases))
+        except TypeError as error:
+            warnings.warn(
+                f"ll.install(): {cls.__module__}.{cls.__qualname__} was defined before "
+                f"install() and stays a subclass of torch's DataLoader ({error}); call "
+                "ll.install() before importing it, or run the script with "
+                "python -m leanloader.run",
+                stacklevel=3,
+            )
+    for module in list(sys.modules.values()):
+        name = getattr(module, "__name__", "") or ""
+        if name == "torch" or name.startswith(("torch.", "leanloader")):
+            continue
+        namespace = getattr(module, "__dict__", None)
+        if not isinstance(namespace, dict):
+            continue
+        for attribute, value in list(namespace.items()):
+            if value is torch_class:
+                namespace[attribute] = ours
+                _rebound.append((module, attribute))
 
 
 def install() -> None:
@@ -40,6 +93,7 @@ def install() -> None:
 
     if _original is None:
         _original = _TorchDataLoader
+        _adopt_existing(_TorchDataLoader, DataLoader)
     torch.utils.data.DataLoader = DataLoader
     torch.utils.data.dataloader.DataLoader = DataLoader
 
@@ -54,6 +108,12 @@ def uninstall() -> None:
 
     torch.utils.data.DataLoader = _original
     torch.utils.data.dataloader.DataLoader = _original
+    for cls, bases in _rebased:
+        cls.__bases__ = bases
+    for module, attribute in _rebound:
+        module.__dict__[attribute] = _original
+    _rebased.clear()
+    _rebound.clear()
     _original = None
 
 

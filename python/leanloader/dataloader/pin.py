@@ -27,9 +27,13 @@ PIN_AHEAD = 2
 _POLL_S = 0.1
 
 
-# LEANLOADER_PIN_IN_PLACE=0: batch segments are not page-locked in place;
-# the pin thread copies every batch into torch's pinned memory, as torch does.
-PIN_IN_PLACE = os.environ.get("LEANLOADER_PIN_IN_PLACE", "1") != "0"
+# LEANLOADER_PIN_IN_PLACE=1 opts in to page-locking batch segments in place.
+# Off by default until `make test-gpu` has passed on a real GPU (the side-
+# stream drop pattern included): the pin thread copies every batch into
+# torch's pinned memory, as torch does. Read when a loader first pins.
+def pin_in_place_enabled() -> bool:
+    return os.environ.get("LEANLOADER_PIN_IN_PLACE", "0") == "1"
+
 
 # The stand-in device of the tests (use_stand_in): (runtime, current stream).
 _stand_in: tuple[Any, Callable[[], int]] | None = None
@@ -126,7 +130,7 @@ def in_place_pinning(loader: Any) -> InPlacePinning | None:
     """The loader's in-place pinning of worker batch segments, when pinning
     applies to a CUDA device (made once per loader)."""
     device = pin_device(loader)
-    if device is None or not PIN_IN_PLACE or loader.num_workers == 0:
+    if device is None or not pin_in_place_enabled() or loader.num_workers == 0:
         return None
     if device not in (STAND_IN, "cuda"):
         return None
@@ -167,10 +171,43 @@ def pinned(loader: Any, iterator: Any) -> Any:
     device = pin_device(loader)
     if device is None:
         return iterator
+    if loader.num_workers == 0:
+        # torch's single-process iterator fetches and pins in the caller's
+        # thread: no_grad, autocast, the default device and the order of the
+        # global RNG's draws stay the caller's.
+        return InlinePin(iterator, device)
     pinning = PinThread(iterator, device, loader.__dict__.get("_in_place_pinning"))
     if loader.persistent_workers:
         loader.__dict__["_pin_thread"] = pinning
     return pinning
+
+
+class InlinePin:
+    """Pins each batch of `inner` in the consumer's thread (num_workers=0)."""
+
+    def __init__(self, inner: Any, device: str) -> None:
+        self._inner = inner
+        self._device = device
+
+    def __iter__(self) -> InlinePin:
+        return self
+
+    def __len__(self) -> int:
+        return len(self._inner)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["_inner"], name)
+
+    def __next__(self) -> Any:
+        batch = next(self._inner)
+        if self._device == STAND_IN:
+            return batch
+        from torch.utils.data._utils.pin_memory import pin_memory
+
+        return pin_memory(batch, self._device)
+
+    def stop(self) -> None:
+        pass
 
 
 class PinThread:
@@ -215,11 +252,11 @@ class PinThread:
             if self._in_place is not None:
                 self._in_place.consumer_took_a_batch()
             return value
+        if kind == "error":
+            raise value  # the pass goes on, as torch's pin thread passes errors through
         self._finished = True
         self._thread.join()
-        if kind == "end":
-            raise StopIteration
-        raise value
+        raise StopIteration
 
     def stop(self) -> None:
         """Ends the thread (a pass left early); waits for the batch it is reading."""
@@ -265,7 +302,7 @@ def _pin_loop(inner: Any, out: queue.Queue, done: threading.Event, device: str,
         # last, on the consumer's streams (which a pinned segment's fence
         # records on).
         item = None
-        if kind != "batch":
+        if kind == "end":
             return
 
 

@@ -5,6 +5,8 @@ returned through shared slots."""
 from __future__ import annotations
 
 import atexit
+import contextlib
+import errno
 import itertools
 import multiprocessing
 import multiprocessing.connection
@@ -21,6 +23,7 @@ if TYPE_CHECKING:
 
 from leanloader import _core
 from leanloader.dataloader.pin import in_place_pinning
+from leanloader.dataloader.task_sender import TaskSender
 from leanloader.dataloader.worker import (
     UNGUARDED_EXIT,
     WAIT_FOR_SLOT,
@@ -39,6 +42,15 @@ from leanloader.dataloader.worker import (
 # in seed 004's batches).
 KEEP_SEGMENT_MAX_BYTES = 64 << 20
 
+# torch's words when the main process runs out of descriptors (each batch
+# held by the consumer keeps one open, as torch's shared tensors do).
+TOO_MANY_OPEN_FILES = (
+    "Too many open files. Communication with the workers is no longer possible. Please "
+    "increase the limit using `ulimit -n` in the shell or change the sharing strategy by "
+    "calling `torch.multiprocessing.set_sharing_strategy('file_system')` at the beginning of "
+    "your code"
+)
+
 # How often the main process checks worker liveness while it waits.
 POLL_S = 0.1
 # A dead worker is reported within this time when timeout is 0.
@@ -47,6 +59,27 @@ DEATH_REPORT_S = 5.0
 SHUTDOWN_JOIN_S = 5.0
 # ... after a timeout, a dead worker or an interrupt (a worker may be stuck).
 ERROR_JOIN_S = 0.2
+
+
+@contextlib.contextmanager
+def main_module_hidden(hide: bool) -> Any:
+    """While a worker starts: the main module's file and spec out of sight of
+    multiprocessing's preparation data, so the worker does not import (and
+    run) the main script; used when nothing it receives lives there."""
+    main = sys.modules.get("__main__")
+    if not hide or main is None:
+        yield
+        return
+    saved = {
+        name: main.__dict__[name] for name in ("__file__", "__spec__") if name in main.__dict__
+    }
+    try:
+        main.__dict__.pop("__file__", None)
+        main.__spec__ = None
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)
 
 
 class _Retained:
@@ -129,9 +162,15 @@ class ProcessIterator:
         self._answered: set[int] = set()  # workers that sent anything
         self._pool_id = 0
         self._shutdown = False
+        # The pass ended normally: later next() calls raise StopIteration
+        # again, as torch's iterator does (Lightning's CombinedLoader relies on it).
+        self._exhausted = False
         self._workers: list[Any] = []
         self._task_conns: list[Any] = []
         self._result_conns: list[Any] = []
+        # Every message to a worker goes through this thread (never a
+        # blocking write from here: see task_sender.py).
+        self._sender = TaskSender("leanloader-task-sender")
         self._start_workers(loader, setup, shared_seed)
         if self._datapipe:
             # torch's _MultiProcessingDataLoaderIter ends its __init__ with
@@ -150,7 +189,11 @@ class ProcessIterator:
         Process.start() instead, as torch's workers receive it; with fork
         nothing is pickled. Each worker lets its copy go once unpickled, and
         the main process keeps none."""
-        from leanloader.dataloader.front import pickling_error
+        from leanloader.dataloader.front import (
+            UNGUARDED_MAIN_NEEDED,
+            pickling_error,
+            unguarded_main_line,
+        )
         from leanloader.dataloader.sharing import PickledAtStart
 
         context = loader._context
@@ -168,11 +211,20 @@ class ProcessIterator:
                 # mp objects refuse to be pickled outside Process.start();
                 # a genuinely unpicklable dataset fails there again (below)
                 payload = PickledAtStart(setup, loader.dataset_sharing())
+        # A worker of spawn or forkserver imports the main script (running
+        # its top level again, unless guarded) only when what it receives
+        # needs something defined there.
+        needs_main = method != "fork" and (not isinstance(payload, bytes) or b"__main__" in payload)
+        if needs_main:
+            unguarded = unguarded_main_line()
+            if unguarded is not None:
+                raise RuntimeError(
+                    UNGUARDED_MAIN_NEEDED.format(script=unguarded[0], line=unguarded[1])
+                )
         if method == "forkserver":
             preload_in_fork_server(type(loader.dataset).__module__)
         # A forkserver worker is the forkserver's child, not ours: it cannot
-        # check its parent's pid (the forkserver dies with us, and so do its
-        # children through PR_SET_PDEATHSIG and the closed task pipe).
+        # check its parent's pid; it watches ours (exit_with_process).
         parent = 0 if method == "forkserver" else os.getpid()
         try:
             for worker_id in range(self._num_workers):
@@ -182,12 +234,13 @@ class ProcessIterator:
                 process = context.Process(
                     target=worker_main,
                     args=(worker_id, self._num_workers, holder, self._base_seed, shared_seed,
-                          parent, task_read, result_write),
+                          parent, task_read, result_write, os.getpid()),
                     daemon=True,
                     name=f"leanloader-worker-{worker_id}",
                 )  # fmt: skip
                 try:
-                    process.start()
+                    with main_module_hidden(not needs_main and method != "fork"):
+                        process.start()
                 except Exception as error:
                     task_write.close()
                     result_read.close()
@@ -228,7 +281,7 @@ class ProcessIterator:
         shared_seed = datapipe_seed(loader, loader.dataset)[1] if self._datapipe else None
         self._epoch += 1
         for conn in self._task_conns:
-            conn.send(("resume", self._epoch, shared_seed))
+            self._sender.send(conn, ("resume", self._epoch, shared_seed))
         self._start_epoch()
 
     def _start_epoch(self) -> None:
@@ -279,7 +332,9 @@ class ProcessIterator:
                     self._waiting.add(self._send_idx)
             else:
                 self._creating.add(self._send_idx)
-        self._task_conns[worker].send(("fetch", self._epoch, self._send_idx, index, slot))
+        self._sender.send(
+            self._task_conns[worker], ("fetch", self._epoch, self._send_idx, index, slot)
+        )
         self._task_info[self._send_idx] = (worker,)
         self._task_index[self._send_idx] = index
         self._workers_num_tasks[worker] += 1
@@ -288,6 +343,8 @@ class ProcessIterator:
 
     def __next__(self) -> Any:
         if self._shutdown:
+            if self._exhausted:
+                raise StopIteration
             raise RuntimeError("this DataLoader iterator was shut down after an error")
         try:
             # Segments the consumer dropped since the last call go to tasks
@@ -318,6 +375,7 @@ class ProcessIterator:
                 self._rcvd_idx += 1
             else:
                 if not self._persistent:
+                    self._exhausted = True
                     self.shutdown()
                 else:
                     self._release_retained()
@@ -420,7 +478,9 @@ class ProcessIterator:
             self._waiting.discard(task)
             try:
                 segment = _core.SharedSegment.attach(f"/proc/{owner}/fd/{fd}")
-            except OSError:
+            except OSError as error:
+                if error.errno in (errno.EMFILE, errno.ENFILE):
+                    raise RuntimeError(TOO_MANY_OPEN_FILES) from None
                 # The worker died after sending the batch, and its descriptors
                 # with it: report its death as any other.
                 self._workers[worker].join(1.0)
@@ -456,10 +516,7 @@ class ProcessIterator:
     # --- batch segments ------------------------------------------------------------
 
     def _send(self, worker: int, message: tuple) -> None:
-        try:
-            self._task_conns[worker].send(message)
-        except (OSError, ValueError):
-            pass  # a dead worker is reported by _check_workers
+        self._sender.send(self._task_conns[worker], message)  # a dead worker: _check_workers
 
     def _retain(self, pool: Any) -> None:
         """Keeps `pool` for reuse when the cap and the budget allow; else it
@@ -595,10 +652,7 @@ class ProcessIterator:
         self._shutdown = True
         _live_iterators.discard(self)
         for conn in self._task_conns:
-            try:
-                conn.send(None)
-            except (OSError, ValueError):
-                pass
+            self._sender.send(conn, None)  # workers skip the tasks queued before it
         # as torch's _shutdown_workers: workers get MP_STATUS_CHECK_INTERVAL
         # (5 s) to exit on their own (exit code 0) before they are killed
         deadline = time.monotonic() + grace
@@ -608,6 +662,9 @@ class ProcessIterator:
             if process.exitcode is None:
                 process.kill()
                 process.join(1.0)
+        # The sender's writes to dead workers fail at once: it ends before
+        # the connections close (no write to a descriptor reused meanwhile).
+        self._sender.close(timeout=5.0)
         for conn in (*self._task_conns, *self._result_conns):
             conn.close()
         self._release_pending()

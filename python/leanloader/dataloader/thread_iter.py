@@ -151,9 +151,12 @@ class ThreadIterator:
         if not self._pending:
             raise StopIteration
         task = self._pending.pop(0)
-        result = self._pool.result(task, timeout=self._timeout)
-        self._submit()
-        return result
+        try:
+            return self._pool.result(task, timeout=self._timeout)
+        finally:
+            # The next index goes out whether this batch failed or not, as
+            # torch's _process_data puts one before it re-raises.
+            self._submit()
 
     def _shutdown_workers(self) -> None:
         if self.alive:

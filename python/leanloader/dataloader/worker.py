@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import copy
 import functools
 import os
 import pickle
@@ -208,6 +209,16 @@ def _map_structure(batch: Any, leaf: Any) -> Any:
         items = {key: _map_structure(value, leaf) for key, value in batch.items()}
         if type(batch) is dict:
             return items
+        # A subclass keeps its type and state (defaultdict's factory, the
+        # instance's attributes), as torch's pickled batch does: a copy made
+        # through its own __reduce_ex__, with the values replaced.
+        try:
+            rebuilt = copy.copy(batch)
+            for key, value in items.items():
+                rebuilt[key] = value
+            return rebuilt
+        except Exception:
+            pass
         try:
             return type(batch)(items)
         except TypeError:
@@ -546,9 +557,22 @@ def unpack_batch(template: Any, hold: Any) -> Any:
 # --- errors ------------------------------------------------------------------------------
 
 
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _raised_by_leanloader(error: BaseException) -> bool:
+    """True when the innermost frame of `error` is leanloader's own code (a
+    full shared-memory directory, a segment that cannot be made), not the
+    dataset's or the collate function's."""
+    frames = traceback.extract_tb(error.__traceback__)
+    return bool(frames) and os.path.abspath(frames[-1].filename).startswith(_PACKAGE_DIR + os.sep)
+
+
 def describe_error(error: BaseException, where: str) -> dict[str, Any]:
-    """What the main process needs to re-raise `error` with its type and
-    traceback text, even when the exception does not round-trip pickle."""
+    """What the main process needs to re-raise `error` as torch re-raises a
+    worker's exception: its type, and its traceback text. `where` is torch's
+    phrase ("in DataLoader worker process 0"). leanloader's own errors travel
+    whole (type, errno, message), with the traceback as a note."""
     info: dict[str, Any] = {
         "module": type(error).__module__,
         "qualname": type(error).__qualname__,
@@ -556,38 +580,48 @@ def describe_error(error: BaseException, where: str) -> dict[str, Any]:
         "traceback": "".join(traceback.format_exception(error)),
         "where": where,
     }
-    for key, value in (("pickled", error), ("args", error.args), ("state", vars(error))):
+    if _raised_by_leanloader(error):
         try:
-            info[key] = pickle.dumps(value)
+            info["own"] = pickle.dumps(error)
         except Exception:
-            info[key] = None
+            pass
     return info
 
 
 def rebuild_error(info: dict[str, Any]) -> BaseException:
-    """The worker's exception object (same type and args) with a note that
-    carries the worker's traceback text."""
-    error: BaseException | None = None
-    if info.get("pickled") is not None:
+    """The exception torch's ExceptionWrapper.reraise() raises for the
+    worker's: the same type built from "Caught ValueError in DataLoader
+    worker process 0.\nOriginal Traceback (most recent call last): ..."
+    (KeyError's message kept readable, a type that cannot be built from one
+    message becomes RuntimeError), made by torch's own code."""
+    from torch._utils import ExceptionWrapper
+
+    if info.get("own") is not None:
         try:
-            error = pickle.loads(info["pickled"])
+            error = pickle.loads(info["own"])
+            error.add_note(f"Raised {info['where']}:\n{info['traceback']}")
+            return error
         except Exception:
-            error = None
-    if error is None:
-        try:
-            module = sys.modules.get(info["module"]) or __import__(info["module"])
-            cls: Any = module
-            for part in info["qualname"].split("."):
-                cls = getattr(cls, part)
-            error = cls.__new__(cls)
-            if info.get("args") is not None:
-                error.args = pickle.loads(info["args"])
-            if info.get("state") is not None:
-                error.__dict__.update(pickle.loads(info["state"]))
-        except Exception:
-            error = RuntimeError(f"{info['module']}.{info['qualname']}: {info['message']}")
-    error.add_note(f"Raised in {info['where']}; the worker's traceback:\n{info['traceback']}")
-    return error
+            pass
+    try:
+        module = sys.modules.get(info["module"]) or __import__(info["module"])
+        cls: Any = module
+        for part in info["qualname"].split("."):
+            cls = getattr(cls, part)
+        if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+            raise TypeError(cls)
+    except Exception:
+        cls = RuntimeError
+    wrapper = ExceptionWrapper.__new__(ExceptionWrapper)
+    wrapper.exc_type = cls
+    wrapper.exc_msg = info["traceback"]
+    wrapper.where = info["where"]
+    try:
+        wrapper.reraise()
+    except BaseException as error:  # the exception torch would raise
+        error.__traceback__ = None
+        return error
+    return RuntimeError(f"Caught {info['qualname']} {info['where']}.\n{info['traceback']}")
 
 
 # --- the worker ---------------------------------------------------------------------------
@@ -608,6 +642,30 @@ class WorkerSetup:
         self.worker_init_fn = worker_init_fn
         # (world size, rank) for an IterDataPipe sharded across workers, else None
         self.sharding: tuple[int, int] | None = None
+        # torch's process-wide settings as the main process has them when the
+        # pass starts: a forked worker (torch's default) inherits them; a
+        # worker from the fork server or spawn gets them here.
+        import torch
+
+        self.torch_state = {
+            "default_dtype": torch.get_default_dtype(),
+            "grad_enabled": torch.is_grad_enabled(),
+            "deterministic": torch.are_deterministic_algorithms_enabled(),
+            "deterministic_warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
+        }
+
+
+def apply_torch_state(state: dict[str, Any] | None) -> None:
+    """Sets a worker's torch settings to the main process's (WorkerSetup)."""
+    if not state:
+        return
+    import torch
+
+    torch.set_default_dtype(state["default_dtype"])
+    torch.set_grad_enabled(state["grad_enabled"])
+    torch.use_deterministic_algorithms(
+        state["deterministic"], warn_only=state["deterministic_warn_only"]
+    )
 
 
 def identity(value: Any) -> Any:
@@ -652,6 +710,7 @@ def worker_main(
     parent_pid: int,
     tasks: Any,
     results: Any,
+    main_pid: int = 0,
 ) -> None:
     """Entry point of a worker process (the target of multiprocessing.Process)."""
     # Ctrl-C goes to the whole process group; the main process handles it and
@@ -664,7 +723,12 @@ def worker_main(
         pass
     if not _core.set_parent_death_signal(signal.SIGKILL, parent_pid):
         os._exit(0)  # the main process is already gone
-    where = f"leanloader DataLoader worker {worker_id} (pid {os.getpid()})"
+    # A fork server's child outlives a killed main process while the server
+    # lingers (it and its children hold each other's pipes): watch the main
+    # process itself.
+    if not _core.exit_with_process(main_pid):
+        os._exit(0)
+    where = f"in DataLoader worker process {worker_id}"  # torch's words
     import torch
     from torch.utils.data._utils import worker as torch_worker
     from torch.utils.data._utils.collate import default_collate, default_convert
@@ -684,6 +748,7 @@ def worker_main(
         received = holder.pop()
         setup = pickle.loads(received) if isinstance(received, bytes) else received
         del received
+        apply_torch_state(getattr(setup, "torch_state", None))
         seed = _seed(base_seed, worker_id)
         setup.dataset = _apply_shared_seed(setup.dataset, shared_seed)
         torch_worker._worker_info = torch_worker.WorkerInfo(
@@ -723,7 +788,7 @@ def worker_main(
                 setup.dataset, collate.keywords["collate"], default_collate, torch_names
             )
     except Exception as error:
-        init_error = describe_error(error, where + " while starting")
+        init_error = describe_error(error, where)
 
     slots = _BatchMemory()
     pending: collections.deque = collections.deque()
@@ -747,9 +812,14 @@ def worker_main(
                     if streamed is not None:
                         streamed.dataset = setup.dataset
                 except Exception as error:
-                    init_error = describe_error(error, where + " while starting an epoch")
+                    init_error = describe_error(error, where)
             continue
         _, epoch, task, index, slot = message
+        # A shutdown queued behind this task: skip it and what follows, as
+        # torch's workers skip their queue once the loader is done.
+        slots.drain(tasks, pending)
+        if any(queued is None for queued in pending):
+            break
         if init_error is not None:
             results.send(("error", epoch, task, init_error))
             continue
@@ -760,8 +830,13 @@ def worker_main(
                 batch = streamed.fetch(index, task_slot.destination)
             else:
                 batch = fetcher.fetch(index)
-        except StopIteration:
-            results.send(("stop", epoch, task))
+        except StopIteration as stop:
+            # The end of an iterable dataset's stream; from a map-style
+            # dataset it is a bug raised by __getitem__, an error as in torch.
+            if setup.dataset_kind == _DatasetKind.Iterable:
+                results.send(("stop", epoch, task))
+            else:
+                results.send(("error", epoch, task, describe_error(stop, where)))
             continue
         except Exception as error:
             results.send(("error", epoch, task, describe_error(error, where)))

@@ -1,0 +1,458 @@
+"""ll.DataLoader against torch's DataLoader where the worker protocol and the
+iterator's end matter: next() after a pass, StopIteration raised by a bug,
+batches whose index lists and results both fill their pipes, and workers of
+a main process killed with SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import Dataset  # noqa: E402
+
+import leanloader as ll  # noqa: E402
+
+
+class Numbers(Dataset):
+    def __init__(self, n: int = 20) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return torch.tensor([i, 2 * i])
+
+
+class StopsAtSeven(Dataset):
+    """A map-style dataset whose __getitem__ raises StopIteration (a bug, e.g.
+    next() on an exhausted iterator inside it) for one index."""
+
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, i: int):
+        if i == 7:
+            raise StopIteration
+        return i
+
+
+class Labelled(Dataset):
+    """Rows with a string field: the batch's strings travel back pickled."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return {"x": i, "name": f"sample-{i:08d}"}
+
+
+def _torch_loader(dataset, **kwargs):
+    workers = kwargs.get("num_workers", 0)
+    return torch.utils.data.DataLoader(
+        dataset, multiprocessing_context="fork" if workers else None, **kwargs
+    )
+
+
+def _drain(iterator, limit: int = 1000) -> list:
+    """next() until StopIteration, then next() again: what every call gave."""
+    seen = []
+    for _ in range(limit):
+        try:
+            seen.append(next(iterator).tolist())
+        except StopIteration:
+            seen.append("stop")
+            if seen[-2:] == ["stop", "stop"]:
+                return seen
+    return seen
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("persistent", [False, True])
+def test_next_after_the_pass_ended_raises_stop_iteration_again(workers, persistent):
+    if persistent and not workers:
+        pytest.skip("persistent workers need workers")
+    kwargs = dict(batch_size=6, num_workers=workers, persistent_workers=persistent)
+    ours = ll.DataLoader(Numbers(), **kwargs)
+    try:
+        assert _drain(iter(ours)) == _drain(iter(_torch_loader(Numbers(), **kwargs)))
+    finally:
+        ours.close()
+
+
+def test_stop_iteration_from_a_map_style_getitem_is_raised_as_torch_raises_it():
+    kwargs = dict(batch_size=2, num_workers=2)
+    ours = ll.DataLoader(StopsAtSeven(), **kwargs)
+    try:
+        # torch re-raises the worker's StopIteration from next(): a for loop
+        # ends at that batch; the batches after it are still there.
+        theirs_calls = _drain(iter(_torch_loader(StopsAtSeven(), **kwargs)))
+        ours_calls = _drain(iter(ours))
+    finally:
+        ours.close()
+    assert ours_calls == theirs_calls
+    assert theirs_calls.index("stop") == 3  # batch [6, 7]
+
+
+def test_batches_whose_pipes_fill_both_ways_finish():
+    # 16,384-sample batches: the index list (~100 KiB pickled) fills the pipe
+    # to the worker while the worker's result (the strings) fills the pipe
+    # back. The main process must never block writing to a worker.
+    script = textwrap.dedent(
+        f"""
+        import sys
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        import torch, leanloader as ll
+        from test_dataloader_protocol import Labelled
+        dataset = Labelled(4 * 16384)
+        ours = ll.DataLoader(dataset, batch_size=16384, num_workers=2, prefetch_factor=2)
+        theirs = torch.utils.data.DataLoader(dataset, batch_size=16384, num_workers=2,
+                                             multiprocessing_context="fork")
+        for a, b in zip(ours, theirs, strict=True):
+            assert torch.equal(a["x"], b["x"]) and a["name"] == b["name"]
+        print("ok")
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]
+
+
+KILLED_MAIN_SCRIPT = textwrap.dedent(
+    """
+    import os, sys, time
+    sys.path.insert(0, sys.argv[2])
+    import leanloader as ll
+    from test_dataloader_protocol import Busy
+    loader = ll.DataLoader(Busy(sys.argv[1]), batch_size=1, num_workers=2)
+    for _ in loader:
+        pass
+    """
+)
+
+
+class Busy(Dataset):
+    """Worker 0 sleeps in __getitem__, the others spin in Python."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):
+        info = torch.utils.data.get_worker_info()
+        Path(self.directory, str(os.getpid())).touch()
+        deadline = time.monotonic() + 120
+        if info.id == 0:
+            time.sleep(120)
+        while time.monotonic() < deadline:
+            pass
+        return i
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_workers_die_with_a_main_process_killed_while_they_are_busy(tmp_path):
+    main = subprocess.Popen(
+        [sys.executable, "-c", KILLED_MAIN_SCRIPT, str(tmp_path), str(Path(__file__).parent)]
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while len(os.listdir(tmp_path)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        workers = [int(name) for name in os.listdir(tmp_path)]
+        assert len(workers) == 2 and all(_alive(pid) for pid in workers)
+        main.send_signal(signal.SIGKILL)
+        main.wait()
+        deadline = time.monotonic() + 5
+        while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(_alive(pid) for pid in workers), "workers outlived their main process"
+    finally:
+        main.kill()
+        for name in os.listdir(tmp_path):
+            try:
+                os.kill(int(name), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+class _Scaled:
+    """What a framework's _get_iterator() override returns: the batches, changed."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return next(self.inner) * 10
+
+    def _reset(self, loader, first_iter=False):  # torch resets persistent iterators
+        self.inner._reset(loader, first_iter)
+
+
+class ScaledTorchLoader(torch.utils.data.DataLoader):
+    def _get_iterator(self):
+        return _Scaled(super()._get_iterator())
+
+
+class ScaledLeanLoader(ll.DataLoader):
+    def _get_iterator(self):
+        return _Scaled(super()._get_iterator())
+
+
+@pytest.mark.parametrize("workers, persistent", [(0, False), (2, False), (2, True)])
+def test_a_subclass_get_iterator_override_is_what_a_pass_iterates(workers, persistent):
+    kwargs = dict(batch_size=4, num_workers=workers, persistent_workers=persistent)
+    ours = ScaledLeanLoader(Numbers(10), **kwargs)
+    theirs = ScaledTorchLoader(
+        Numbers(10), multiprocessing_context="fork" if workers else None, **kwargs
+    )
+    try:
+        for _ in range(2):
+            got = [batch.tolist() for batch in ours]
+            assert got == [batch.tolist() for batch in theirs]
+            assert got[0][1] == [10, 20]
+    finally:
+        ours.close()
+
+
+class TaggedBatch(dict):
+    """A dict subclass with state of its own."""
+
+
+def tagged_collate(samples):
+    batch = TaggedBatch(x=torch.stack(samples))
+    batch.tag = f"{len(samples)} samples"
+    return batch
+
+
+def defaultdict_collate(samples):
+    import collections
+
+    batch = collections.defaultdict(list)
+    batch["x"] = torch.stack(samples)
+    return batch
+
+
+@pytest.mark.parametrize("collate", [tagged_collate, defaultdict_collate])
+def test_a_collate_fn_returning_a_dict_subclass_keeps_its_type_and_state(collate):
+    kwargs = dict(batch_size=3, num_workers=2, collate_fn=collate)
+    ours = ll.DataLoader(Numbers(9), **kwargs)
+    try:
+        for a, b in zip(ours, _torch_loader(Numbers(9), **kwargs), strict=True):
+            assert type(a) is type(b)
+            assert vars(a) == vars(b) if hasattr(b, "__dict__") else True
+            assert getattr(a, "default_factory", None) is getattr(b, "default_factory", None)
+            assert torch.equal(a["x"], b["x"])
+    finally:
+        ours.close()
+
+
+class FailsOnMultiplesOfFive(Dataset):
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, i: int):
+        if i % 5 == 0:
+            raise ValueError(f"sample {i} is bad")
+        return torch.tensor(i)
+
+
+def _calls_catching_errors(loader, limit: int = 100) -> list:
+    """next() until StopIteration, an error recorded by its type where one is raised."""
+    iterator, seen = iter(loader), []
+    for _ in range(limit):
+        try:
+            seen.append(next(iterator).tolist())
+        except StopIteration:
+            return seen
+        except ValueError as error:
+            assert "Caught ValueError in DataLoader worker" in str(error) or "is bad" in str(error)
+            seen.append("ValueError")
+    return seen
+
+
+@pytest.fixture
+def stand_in_device():
+    """pin_memory=True pins through the CPU stand-in of the CUDA runtime."""
+    from leanloader import _core
+    from leanloader.dataloader import pin
+
+    runtime = _core.host_stand_in_runtime()
+    stream = runtime.create_stream()
+    with pin.use_stand_in(runtime, lambda: stream):
+        yield
+    import gc
+
+    gc.collect()
+    runtime.drain(stream)
+    runtime.destroy_stream(stream)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        pytest.param({"num_workers": 2, "pin_memory": True}, id="pinned-processes"),
+        pytest.param({"num_workers": 2, "worker_mode": "thread"}, id="threads"),
+    ],
+)
+def test_a_pass_goes_on_after_caught_worker_errors(options, stand_in_device):
+    # Every batch of 2 in 4 holds a bad sample: more errors than batches in
+    # flight. torch goes on after each caught error; so must we.
+    kwargs = dict(batch_size=2, shuffle=False)
+    ours = ll.DataLoader(FailsOnMultiplesOfFive(), **kwargs, **options)
+    theirs = _torch_loader(FailsOnMultiplesOfFive(), **kwargs, num_workers=2)
+    try:
+        expected = _calls_catching_errors(theirs)
+        assert expected.count("ValueError") == 8
+        assert _calls_catching_errors(ours) == expected
+    finally:
+        ours.close()
+
+
+class GradMode(Dataset):
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int):
+        return torch.tensor([torch.is_grad_enabled(), torch.get_default_dtype() == torch.float64])
+
+
+def test_without_workers_pinning_runs_the_dataset_in_the_callers_thread(stand_in_device):
+    ours = ll.DataLoader(GradMode(), batch_size=3, pin_memory=True)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        with torch.no_grad():
+            batches = [batch.tolist() for batch in ours]
+    finally:
+        torch.set_default_dtype(previous)
+    assert batches == [[[False, True]] * 3] * 2
+
+
+def test_workers_see_the_torch_settings_the_main_process_made_before_the_pass():
+    kwargs = dict(batch_size=3, num_workers=2)
+    previous = torch.get_default_dtype()
+    ours = ll.DataLoader(GradMode(), **kwargs)
+    try:
+        torch.set_default_dtype(torch.float64)
+        with torch.no_grad():
+            got = [batch.tolist() for batch in ours]
+            expected = [batch.tolist() for batch in _torch_loader(GradMode(), **kwargs)]
+    finally:
+        torch.set_default_dtype(previous)
+        ours.close()
+    assert got == expected == [[[False, True]] * 3] * 2
+
+
+TORCHRUN_SCRIPT = textwrap.dedent(
+    """
+    import torch
+    from torch.utils.data import DataLoader
+    import leanloader as ll
+    loader = DataLoader(list(range(10)), batch_size=5, num_workers=1)
+    print(type(loader).__module__, [b.tolist() for b in loader])
+    """
+)
+
+
+def test_leanloader_install_reaches_child_interpreters_torchrun_starts(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    env = {**os.environ, "LEANLOADER_INSTALL": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=1",
+               "--master-port=0", str(script)]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "leanloader.dataloader.front [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]" in result.stdout
+    # Without the switch the child's loader is torch's.
+    del env["LEANLOADER_INSTALL"]
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                            timeout=300, env=env)  # fmt: skip
+    assert result.stdout.startswith("torch.utils.data.dataloader"), result.stderr[-3000:]
+
+
+LATE_INSTALL_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, sys.argv[1])
+    from torch.utils.data import DataLoader      # a framework imported first ...
+    from test_dataloader_protocol import Numbers
+
+
+    class FrameworkLoader(DataLoader):           # ... with its own subclass
+        pass
+
+
+    import leanloader as ll
+    ll.install()                                 # then install
+    loader = FrameworkLoader(Numbers(6), batch_size=3, num_workers=1)
+    direct = DataLoader(Numbers(6), batch_size=3)
+    print(isinstance(loader, ll.DataLoader), isinstance(direct, ll.DataLoader),
+          [b[:, 0].tolist() for b in loader])
+    ll.uninstall()
+    print(issubclass(FrameworkLoader, ll.DataLoader), DataLoader is ll.DataLoader)
+    """
+)
+
+
+def test_install_after_the_framework_import_re_bases_its_loaders():
+    result = subprocess.run(
+        [sys.executable, "-c", LATE_INSTALL_SCRIPT, str(Path(__file__).parent)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines() == ["True True [[0, 1, 2], [3, 4, 5]]", "False False"], (
+        result.stdout
+    )
+
+
+FD_LIMIT_SCRIPT = textwrap.dedent(
+    """
+    import resource, sys
+    sys.path.insert(0, sys.argv[1])
+    import torch, leanloader as ll
+    from test_dataloader_protocol import Numbers
+    resource.setrlimit(resource.RLIMIT_NOFILE, (100, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    loader = ll.DataLoader(Numbers(4000), batch_size=1, num_workers=2)
+    kept = []
+    try:
+        for batch in loader:
+            kept.append(batch)  # each held batch holds its shared memory open
+    except RuntimeError as error:
+        print(error)
+    """
+)
+
+
+def test_running_out_of_descriptors_says_so_as_torch_does():
+    result = subprocess.run(
+        [sys.executable, "-c", FD_LIMIT_SCRIPT, str(Path(__file__).parent)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert "Too many open files. Communication with the workers is no longer possible." in (
+        result.stdout
+    ), result.stdout[-2000:] + result.stderr[-3000:]
+    assert "ulimit -n" in result.stdout
