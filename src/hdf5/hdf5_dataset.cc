@@ -493,7 +493,7 @@ bool Hdf5Dataset::chunk_base_matches_locked(hid_t dset, uint64_t base, std::stri
 }
 
 bool Hdf5Dataset::library_read_locked(hid_t dset, int64_t row, size_t box_from_dim,
-                                      std::span<std::byte> dst) const {
+                                      std::span<std::byte> dst, std::string* cause) const {
   // Reads the box of `row` whose axes before `box_from_dim` (of the row) are
   // fixed at 0 (first row) or their last index (other rows), and whose later
   // axes are whole: a contiguous range of the row.
@@ -515,7 +515,10 @@ bool Hdf5Dataset::library_read_locked(hid_t dset, int64_t row, size_t box_from_d
                                          count.data(), nullptr) >= 0 &&
                   api.d_read(dset, memory_type, memory_space.get(), file_space.get(), kH5Default,
                              dst.data()) >= 0;
-  if (!ok) api.e_clear2(kH5Default);
+  if (!ok) {
+    const std::string stack = hdf5_error_stack_locked();  // (clears the stack)
+    if (cause != nullptr) *cause = stack;
+  }
   return ok;
 }
 
@@ -540,7 +543,7 @@ void Hdf5Dataset::check_fast_path_locked(hid_t dset) {
     } catch (const Error&) {
       our_ok = false;
     }
-    const bool their_ok = library_read_locked(dset, row, box_from_dim, theirs);
+    const bool their_ok = library_read_locked(dset, row, box_from_dim, theirs, nullptr);
     const size_t at = row == 0 ? 0 : row_bytes - box_bytes;
     if (our_ok == their_ok &&
         (!our_ok || std::memcmp(ours.data() + at, theirs.data(), box_bytes) == 0)) {
@@ -596,24 +599,10 @@ void Hdf5Dataset::read_row(int64_t row, std::span<std::byte> dst, ChunkCache* ca
 void Hdf5Dataset::read_row_library(int64_t row, std::span<std::byte> dst) const {
   Hdf5Lock lock;
   const hid_t dset = files->library.dataset(*this);
-  if (!library_read_locked(dset, row, 0, dst)) {
-    // library_read_locked cleared the stack; read again for the cause.
-    const Hdf5Api& api = hdf5_api();
-    const size_t ndim = shape.size();
-    std::vector<hsize_t> start(ndim, 0);
-    std::vector<hsize_t> count(shape.begin(), shape.end());
-    start[0] = static_cast<hsize_t>(row);
-    count[0] = 1;
-    const hsize_t elements = static_cast<hsize_t>(row_bytes / element_size);
-    Id file_space(api.d_get_space(dset), api.s_close);
-    Id memory_space(api.s_create_simple(1, &elements, nullptr), api.s_close);
-    if (file_space.ok() && memory_space.ok()) {
-      api.s_select_hyperslab(file_space.get(), kH5SSelectSet, start.data(), nullptr, count.data(),
-                             nullptr);
-      api.d_read(dset, memory_type, memory_space.get(), file_space.get(), kH5Default, dst.data());
-    }
+  std::string cause;
+  if (!library_read_locked(dset, row, 0, dst, &cause)) {
     throw FormatError(
-        where(row) + ": H5Dread failed (" + hdf5_error_stack_locked() +
+        where(row) + ": H5Dread failed (" + cause +
         "); this dataset is read through the HDF5 library because " +
         (library_reason.empty() ? std::string("a chunk was never written") : library_reason));
   }

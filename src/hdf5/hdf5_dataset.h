@@ -119,8 +119,10 @@ struct Hdf5Dataset {
   void index_chunks_locked(hid_t dset, hid_t plist, const std::string& here);
   bool chunk_base_matches_locked(hid_t dset, uint64_t userblock, std::string& why);
   void check_fast_path_locked(hid_t dset);
-  bool library_read_locked(hid_t dset, int64_t row, size_t box_from_dim,
-                           std::span<std::byte> dst) const;
+  // H5Dread of (a box of) `row`; false on failure, with the library's
+  // cause in *cause when given.
+  bool library_read_locked(hid_t dset, int64_t row, size_t box_from_dim, std::span<std::byte> dst,
+                           std::string* cause) const;
   void read_row_library(int64_t row, std::span<std::byte> dst) const;
   void read_row_chunks(int64_t row, std::span<std::byte> dst, ChunkCache* cache) const;
   std::shared_ptr<const std::vector<std::byte>> load_chunk(size_t chunk, int64_t row,

@@ -456,3 +456,27 @@ def test_running_out_of_descriptors_says_so_as_torch_does():
         result.stdout
     ), result.stdout[-2000:] + result.stderr[-3000:]
     assert "ulimit -n" in result.stdout
+
+
+def _combined(make) -> list:
+    from pytorch_lightning.utilities import CombinedLoader
+
+    loaders = {
+        "short": make(Numbers(8), batch_size=2, num_workers=2),
+        "long": make(Numbers(20), batch_size=2, num_workers=2),
+    }
+    batches = []
+    for batch, _index, _loader in CombinedLoader(loaders, mode="max_size"):
+        batches.append({k: None if v is None else v[:, 0].tolist() for k, v in batch.items()})
+    return batches
+
+
+def test_lightning_combined_loader_max_size_over_loaders_of_different_lengths():
+    # CombinedLoader keeps calling next() on the exhausted shorter loader.
+    pytest.importorskip("pytorch_lightning")
+    theirs = _combined(
+        lambda *a, **k: torch.utils.data.DataLoader(*a, multiprocessing_context="fork", **k)
+    )
+    ours = _combined(ll.DataLoader)
+    assert ours == theirs
+    assert len(ours) == 10 and ours[-1] == {"short": None, "long": [18, 19]}

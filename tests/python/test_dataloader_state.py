@@ -175,3 +175,32 @@ def test_resume_with_two_workers_in_a_fresh_process():
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout) == whole[5:]
+
+
+def _sampler_owned(seed: int, workers: int = 0):
+    sampler = torch.utils.data.RandomSampler(
+        Indices(), generator=torch.Generator().manual_seed(seed)
+    )
+    return ll.DataLoader(Indices(), batch_size=4, sampler=sampler, num_workers=workers)
+
+
+@pytest.mark.parametrize("k", [1, 6, 12])
+def test_resume_when_the_sampler_owns_its_generator(k):
+    # RandomSampler(generator=g): the order comes from g, not from the
+    # loader's generator nor torch's global RNG.
+    reference = _sampler_owned(5)
+    first_pass, second_pass = ids(reference), ids(reference)
+    run = _sampler_owned(5)
+    assert take(run, k) == first_pass[:k]
+    state = pickle.loads(pickle.dumps(run.state_dict()))
+    assert state["generator"] == "sampler"
+    resumed = _sampler_owned(99)  # its sampler's generator starts elsewhere
+    resumed.load_state_dict(state)
+    assert ids(resumed) == first_pass[k:]
+    # between passes: the next pass is the one an uninterrupted run gives
+    between = _sampler_owned(5)
+    ids(between)
+    state = between.state_dict()
+    later = _sampler_owned(99)
+    later.load_state_dict(state)
+    assert ids(later) == second_pass

@@ -182,14 +182,12 @@ def pinned(loader: Any, iterator: Any) -> Any:
     return pinning
 
 
-class InlinePin:
-    """Pins each batch of `inner` in the consumer's thread (num_workers=0)."""
+class _Pinning:
+    """An iterator over `_inner`'s batches that answers for it otherwise."""
 
-    def __init__(self, inner: Any, device: str) -> None:
-        self._inner = inner
-        self._device = device
+    _inner: Any
 
-    def __iter__(self) -> InlinePin:
+    def __iter__(self) -> Any:
         return self
 
     def __len__(self) -> int:
@@ -197,6 +195,14 @@ class InlinePin:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.__dict__["_inner"], name)
+
+
+class InlinePin(_Pinning):
+    """Pins each batch of `inner` in the consumer's thread (num_workers=0)."""
+
+    def __init__(self, inner: Any, device: str) -> None:
+        self._inner = inner
+        self._device = device
 
     def __next__(self) -> Any:
         batch = next(self._inner)
@@ -210,7 +216,7 @@ class InlinePin:
         pass
 
 
-class PinThread:
+class PinThread(_Pinning):
     """Reads `inner` in a thread, pins each batch, and hands them over in order."""
 
     def __init__(self, inner: Any, device: str, in_place: InPlacePinning | None = None) -> None:
@@ -227,15 +233,6 @@ class PinThread:
             name="leanloader-pin-memory", daemon=True,
         )  # fmt: skip
         self._thread.start()
-
-    def __iter__(self) -> PinThread:
-        return self
-
-    def __len__(self) -> int:
-        return len(self._inner)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.__dict__["_inner"], name)
 
     def __next__(self) -> Any:
         if self._finished:

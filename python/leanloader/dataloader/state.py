@@ -3,8 +3,9 @@ StatefulDataLoader.
 
 What a pass's batch order depends on, and what is saved for it:
 
-- the sampler's random draws: mid-pass, the RNG state (the loader's
-  ``generator``, or torch's global RNG when there is none) at the moment the
+- the sampler's random draws: mid-pass, the RNG state (the sampler's own
+  ``generator`` when it has one, as ``RandomSampler(generator=g)``; else the
+  loader's ``generator``, or torch's global RNG when there is none) at the moment the
   sampler started drawing, recorded each pass by wrapping the index sampler's
   iterator; between passes, the loader's ``generator`` as it is (restored at
   load, or at the next pass's first draw with persistent worker processes,
@@ -37,6 +38,25 @@ if TYPE_CHECKING:
 
 STATE_VERSION = 1
 _END = object()
+
+
+def order_generator(loader: Any) -> Any:
+    """The generator the pass's order is drawn from: the sampler's own when it
+    has one (RandomSampler(generator=g), also inside a BatchSampler), else the
+    loader's (None: torch's global RNG)."""
+    import torch
+
+    for sampler in (loader.sampler, getattr(loader.batch_sampler, "sampler", None)):
+        generator = getattr(sampler, "generator", None)
+        if isinstance(generator, torch.Generator):
+            return generator
+    return loader.generator
+
+
+def _generator_kind(loader: Any) -> str:
+    if order_generator(loader) is not loader.generator:
+        return "sampler"
+    return "loader" if loader.generator is not None else "torch-global"
 
 
 def _rng_state(generator: Any) -> Any:
@@ -83,12 +103,12 @@ class PassProgress:
     # -- hooks used by front.py -------------------------------------------------------------
 
     def index_sampler(self, loader: DataLoader, sampler: Iterable) -> _RecordedSampler:
-        self._generator = loader.generator
+        self._generator = order_generator(loader)
         return _RecordedSampler(self, sampler)
 
     def begin(self, loader: DataLoader) -> None:
         """A pass starts (before its iterator is built)."""
-        self._generator = loader.generator
+        self._generator = order_generator(loader)
         self.active = True
         self.yielded = 0
         self.rng_at_start = None
@@ -219,9 +239,11 @@ def state_dict(loader: DataLoader) -> dict[str, Any]:
         # between passes: the loader's generator as it is, which the next pass
         # draws from (torch's global RNG is the caller's to save and restore)
         "generator_state": (
-            loader.generator.get_state() if loader.generator is not None and not mid_pass else None
+            order_generator(loader).get_state()
+            if order_generator(loader) is not None and not mid_pass
+            else None
         ),
-        "generator": "loader" if loader.generator is not None else "torch-global",
+        "generator": _generator_kind(loader),
         "num_workers": loader.num_workers,
         "sampler_epoch": getattr(sampler, "epoch", None),
         "sampler_state": sampler.state_dict() if hasattr(sampler, "state_dict") else None,
@@ -236,7 +258,7 @@ def load_state_dict(loader: DataLoader, state: dict[str, Any]) -> None:
             f"not a DataLoader state of version {STATE_VERSION}: "
             f"{state.get('version') if isinstance(state, dict) else type(state).__name__}"
         )
-    expected = "loader" if loader.generator is not None else "torch-global"
+    expected = _generator_kind(loader)
     if state["generator"] != expected:
         raise ValueError(
             f"the state was saved with generator={state['generator']!r} but this DataLoader "
@@ -259,7 +281,7 @@ def load_state_dict(loader: DataLoader, state: dict[str, Any]) -> None:
             progress._resume = {"rng_state": state["generator_state"], "batches_yielded": 0}
             progress._discard = 0
             return
-        loader.generator.set_state(state["generator_state"])
+        order_generator(loader).set_state(state["generator_state"])
     if loader._dataset_kind == 1:  # iterable: the sampler yields no positions to skip
         progress._resume = {"rng_state": state["rng_state"], "batches_yielded": 0}
         # a dataset with its own state resumes itself; others are read and dropped
