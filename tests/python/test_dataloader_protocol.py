@@ -480,3 +480,65 @@ def test_lightning_combined_loader_max_size_over_loaders_of_different_lengths():
     ours = _combined(ll.DataLoader)
     assert ours == theirs
     assert len(ours) == 10 and ours[-1] == {"short": None, "long": [18, 19]}
+
+
+FORK_SERVER_CTRL_C_SCRIPT = textwrap.dedent(
+    """
+    import signal, sys
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    sys.path.insert(0, sys.argv[1])
+    import leanloader as ll
+    from test_dataloader_protocol import Numbers
+    loader = ll.DataLoader(Numbers(), batch_size=2, num_workers=2)
+    print("starting", flush=True)
+    next(iter(loader))
+    """
+)
+
+
+def _fork_server_of(pid: int) -> list[int]:
+    """The fork server among the children of `pid` (a list: empty or one)."""
+    found = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as children:
+            for child in children.read().split():
+                try:
+                    with open(f"/proc/{child}/cmdline", "rb") as cmdline:
+                        if b"forkserver" in cmdline.read():
+                            found.append(int(child))
+                except FileNotFoundError:
+                    pass
+    return found
+
+
+def _importing_torch(servers: list[int]) -> bool:
+    """True once the fork server has begun loading torch's libraries."""
+    for server in servers:
+        try:
+            with open(f"/proc/{server}/maps") as maps:
+                if "libtorch" in maps.read():
+                    return True
+        except FileNotFoundError:
+            pass
+    return False
+
+
+def test_ctrl_c_while_the_fork_server_starts_gives_one_traceback():
+    main = subprocess.Popen(
+        [sys.executable, "-c", FORK_SERVER_CTRL_C_SCRIPT, str(Path(__file__).parent)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert main.stdout.readline().strip() == "starting"
+        deadline = time.monotonic() + 60
+        while not _importing_torch(_fork_server_of(main.pid)) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _importing_torch(_fork_server_of(main.pid)), "the fork server did not start"
+        # The server is importing torch now (its preload): Ctrl-C the group.
+        os.killpg(main.pid, signal.SIGINT)
+        _, stderr = main.communicate(timeout=60)
+    finally:
+        if main.poll() is None:
+            main.kill()
+    assert stderr.count("KeyboardInterrupt") == 1, stderr
+    assert stderr.count("Traceback (most recent call last)") == 1, stderr

@@ -231,7 +231,10 @@ def test_consumer_wait_releases_the_gil(tmp_path):
 
 CTRL_C_SCRIPT = textwrap.dedent(
     """
-    import os, sys
+    import os, signal, sys
+    # Ctrl-C raises KeyboardInterrupt even when the suite runs as a background
+    # job, whose children start with SIGINT ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     import leanloader as ll
     fifo = sys.argv[1]
     loader = ll.Loader(ll.FileSource([fifo]), batch_size=1, collate="list", output="numpy")

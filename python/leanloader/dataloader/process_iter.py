@@ -731,3 +731,26 @@ def preload_in_fork_server(dataset_module: str) -> None:
         if module not in modules:
             modules.append(module)
     forkserver.set_forkserver_preload(modules)
+    start_fork_server_deaf_to_ctrl_c()
+
+
+def start_fork_server_deaf_to_ctrl_c() -> None:
+    """Starts the fork server with SIGINT blocked, a mask it keeps through
+    exec: it ignores Ctrl-C only once it has imported its preload modules,
+    so a Ctrl-C while it imports torch printed a second traceback, the
+    server's. This process unblocks at once; a Ctrl-C that arrived meanwhile
+    is delivered here."""
+    import threading
+    from multiprocessing import forkserver, resource_tracker
+
+    if threading.current_thread() is not threading.main_thread():
+        forkserver.ensure_running()
+        return
+    # The resource tracker unblocks SIGINT after starting itself: started
+    # first, its later ensure_running() calls leave the mask alone.
+    resource_tracker.ensure_running()
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)

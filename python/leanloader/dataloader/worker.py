@@ -716,6 +716,7 @@ def worker_main(
     # Ctrl-C goes to the whole process group; the main process handles it and
     # shuts the workers down, so a worker must not die of it mid-write.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # (fork server: blocked)
     # As torch names its workers pt_data_worker: visible in ps and top.
     try:
         _core.set_process_name(WORKER_NAME)
