@@ -13,9 +13,10 @@ workers, IterDataPipe sharding across workers. What differs:
 - Workers are started by forkserver (default) or spawn; fork only when asked
   for by name (``multiprocessing_context="fork"``), and then refused once a
   GPU runtime is initialised in the process unless ``force_fork=True`` (fork
-  deadlocks then). A worker that
-  re-imports a script without a main guard stops with an error naming the
-  cause and both fixes.
+  deadlocks then). Workers import the main script only when what they
+  receive is defined there; a loader started from the unguarded top level
+  of such a script stops in the main process with an error naming the line
+  and the fixes.
 - The dataset is pickled once per pass, in the main process, into bytes that
   every worker receives through ``Process(args=...)`` and lets go once
   unpickled; NumPy arrays and CPU tensors of at least ``share_threshold``
