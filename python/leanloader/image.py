@@ -339,9 +339,16 @@ def decode_image(
 ):
     """Decodes a JPEG, PNG or WebP (bytes or a path) to an (H, W, C) uint8 NumPy
     array, as ``Images`` does."""
+    path = None
     if not isinstance(data, (bytes, bytearray, memoryview)):
-        with open(os.fspath(data), "rb") as file:
+        path = os.fspath(data)
+        with open(path, "rb") as file:
             data = file.read()
-    return _core.decode_image(
-        bytes(data), mode, max_pixels or 0, accept_corrupt_jpeg, exif_orientation
-    )
+    try:
+        return _core.decode_image(
+            bytes(data), mode, max_pixels or 0, accept_corrupt_jpeg, exif_orientation
+        )
+    except ValueError as error:  # FormatError, InvalidArgument: the message names the file
+        if path is None:
+            raise
+        raise type(error)(f"'{path}': {error}") from None

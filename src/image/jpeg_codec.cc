@@ -30,6 +30,7 @@ struct JpegErrors {
   jpeg_error_mgr manager;
   std::jmp_buf jump;
   bool strict = true;
+  bool corrupt_data = false;  // stopped at a warning libjpeg could work around
   char message[JMSG_LENGTH_MAX] = {};
 };
 
@@ -47,6 +48,7 @@ void on_message(j_common_ptr cinfo, int level) {
   if (level >= 0) return;
   if (errors->strict || cinfo->err->msg_code == JWRN_JPEG_EOF) {
     (*cinfo->err->format_message)(cinfo, errors->message);
+    errors->corrupt_data = cinfo->err->msg_code != JWRN_JPEG_EOF;
     std::longjmp(errors->jump, 1);
   }
   ++cinfo->err->num_warnings;
@@ -93,8 +95,14 @@ void convert_pixels(const uint8_t* in, int in_channels, bool inverted_cmyk, uint
   }
 }
 
-[[noreturn]] void throw_jpeg(const char* message) {
-  throw FormatError(std::string("JPEG: ") + message);
+[[noreturn]] void throw_jpeg(const JpegErrors& errors) {
+  std::string message = std::string("JPEG: ") + errors.message;
+  if (errors.corrupt_data) {
+    message +=
+        " (corrupt data that libjpeg, and Pillow, decode with a warning; "
+        "pass accept_corrupt_jpeg=True to decode it)";
+  }
+  throw FormatError(message);
 }
 
 }  // namespace
@@ -108,7 +116,7 @@ StoredSize jpeg_size(std::span<const std::byte> bytes) {
   errors.strict = false;  // the header only: data warnings come with the pixels
   if (setjmp(errors.jump)) {
     jpeg_destroy_decompress(&cinfo);
-    throw_jpeg(errors.message);
+    throw_jpeg(errors);
   }
   jpeg_create_decompress(&cinfo);
   jpeg_mem_src(&cinfo, reinterpret_cast<const unsigned char*>(bytes.data()),
@@ -132,7 +140,7 @@ void jpeg_decode(std::span<const std::byte> bytes, const DecodeOptions& options,
   errors.strict = !options.accept_corrupt_jpeg;
   if (setjmp(errors.jump)) {
     jpeg_destroy_decompress(&cinfo);
-    throw_jpeg(errors.message);
+    throw_jpeg(errors);
   }
   jpeg_create_decompress(&cinfo);
   jpeg_mem_src(&cinfo, reinterpret_cast<const unsigned char*>(bytes.data()),
@@ -219,7 +227,7 @@ void jpeg_decode(std::span<const std::byte> bytes, const DecodeOptions& options,
     if (jpeg_read_scanlines(&cinfo, rows, 1) != 1) {
       std::strcpy(errors.message, "no scanline read (truncated data)");
       jpeg_destroy_decompress(&cinfo);
-      throw_jpeg(errors.message);
+      throw_jpeg(errors);
     }
     if (direct) continue;
     if (components == channels && !cmyk) {

@@ -639,9 +639,13 @@ def test_corrupt_jpeg_data_is_an_error_unless_accepted(tmp_path):
     data = path.read_bytes()
     end_of_app0 = 4 + int.from_bytes(data[4:6], "big")
     path.write_bytes(data[:end_of_app0] + b"\x12\x34" + data[end_of_app0:])
-    with pytest.raises(ll.FormatError, match="Corrupt JPEG data"):
+    with pytest.raises(ll.FormatError, match="Corrupt JPEG data") as refused:
         decode(path)
+    assert "accept_corrupt_jpeg=True" in str(refused.value)  # the option that accepts it
     np.testing.assert_array_equal(decode(path, accept_corrupt_jpeg=True), pillow_rgb(path))
+    with pytest.raises(ll.FormatError) as named:
+        ll.decode_image(path)
+    assert str(named.value).startswith(f"'{path}': JPEG: Corrupt JPEG data")
 
 
 # -- TensorCache ------------------------------------------------------------------
