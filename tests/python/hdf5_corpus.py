@@ -286,37 +286,15 @@ def write_pytables(d):
     data = _values("f4", (ROWS, 8, 5))
     with tables.open_file(path, "w") as f:
         f.create_array("/", "array", data)
-        f.create_carray(
-            "/",
-            "carray_zlib",
-            obj=data,
-            chunkshape=(4, 8, 5),
-            filters=tables.Filters(5, "zlib", shuffle=True),
-        )
-        f.create_carray(
-            "/", "carray_blosc", obj=data, chunkshape=(4, 8, 5), filters=tables.Filters(5, "blosc")
-        )
-        f.create_carray(
-            "/",
-            "carray_blosc_lz4",
-            obj=data,
-            chunkshape=(3, 8, 5),
-            filters=tables.Filters(9, "blosc:lz4", bitshuffle=True),
-        )
-        f.create_carray(
-            "/",
-            "carray_blosc2",
-            obj=data,
-            chunkshape=(4, 8, 5),
-            filters=tables.Filters(5, "blosc2:zstd"),
-        )
-        f.create_carray(
-            "/",
-            "carray_lzo_or_bzip2",
-            obj=data,
-            chunkshape=(4, 8, 5),
-            filters=tables.Filters(5, "bzip2"),
-        )
+        carrays = {
+            "carray_zlib": ((4, 8, 5), tables.Filters(5, "zlib", shuffle=True)),
+            "carray_blosc": ((4, 8, 5), tables.Filters(5, "blosc")),
+            "carray_blosc_lz4": ((3, 8, 5), tables.Filters(9, "blosc:lz4", bitshuffle=True)),
+            "carray_blosc2": ((4, 8, 5), tables.Filters(5, "blosc2:zstd")),
+            "carray_lzo_or_bzip2": ((4, 8, 5), tables.Filters(5, "bzip2")),
+        }
+        for name, (chunks, filters) in carrays.items():
+            f.create_carray("/", name, obj=data, chunkshape=chunks, filters=filters)
         earray = f.create_earray(
             "/",
             "earray",
