@@ -557,15 +557,16 @@ def unpack_batch(template: Any, hold: Any) -> Any:
 # --- errors ------------------------------------------------------------------------------
 
 
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_MACHINERY_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 def _raised_by_leanloader(error: BaseException) -> bool:
-    """True when the innermost frame of `error` is leanloader's own code (a
-    full shared-memory directory, a segment that cannot be made), not the
-    dataset's or the collate function's."""
+    """True when the innermost frame of `error` is the DataLoader machinery's
+    own code (a full shared-memory directory, a segment that cannot be made),
+    not the dataset's or the collate function's (leanloader functions a
+    dataset calls, such as ll.decode_image, count as the dataset's)."""
     frames = traceback.extract_tb(error.__traceback__)
-    return bool(frames) and os.path.abspath(frames[-1].filename).startswith(_PACKAGE_DIR + os.sep)
+    return bool(frames) and os.path.abspath(frames[-1].filename).startswith(_MACHINERY_DIR + os.sep)
 
 
 def describe_error(error: BaseException, where: str) -> dict[str, Any]:
