@@ -221,6 +221,7 @@ class ProcessIterator:
                 raise RuntimeError(
                     UNGUARDED_MAIN_NEEDED.format(script=unguarded[0], line=unguarded[1])
                 )
+        hide_main = method != "fork" and not needs_main
         if method == "forkserver":
             preload_in_fork_server(type(loader.dataset).__module__)
         # A forkserver worker is the forkserver's child, not ours: it cannot
@@ -239,7 +240,7 @@ class ProcessIterator:
                     name=f"leanloader-worker-{worker_id}",
                 )  # fmt: skip
                 try:
-                    with main_module_hidden(not needs_main and method != "fork"):
+                    with main_module_hidden(hide_main):
                         process.start()
                 except Exception as error:
                     task_write.close()
@@ -280,8 +281,8 @@ class ProcessIterator:
         self._sampler_iter = iter(self._index_sampler)
         shared_seed = datapipe_seed(loader, loader.dataset)[1] if self._datapipe else None
         self._epoch += 1
-        for conn in self._task_conns:
-            self._sender.send(conn, ("resume", self._epoch, shared_seed))
+        for worker in range(len(self._task_conns)):
+            self._send(worker, ("resume", self._epoch, shared_seed))
         self._start_epoch()
 
     def _start_epoch(self) -> None:
@@ -332,9 +333,7 @@ class ProcessIterator:
                     self._waiting.add(self._send_idx)
             else:
                 self._creating.add(self._send_idx)
-        self._sender.send(
-            self._task_conns[worker], ("fetch", self._epoch, self._send_idx, index, slot)
-        )
+        self._send(worker, ("fetch", self._epoch, self._send_idx, index, slot))
         self._task_info[self._send_idx] = (worker,)
         self._task_index[self._send_idx] = index
         self._workers_num_tasks[worker] += 1
@@ -651,8 +650,8 @@ class ProcessIterator:
             return
         self._shutdown = True
         _live_iterators.discard(self)
-        for conn in self._task_conns:
-            self._sender.send(conn, None)  # workers skip the tasks queued before it
+        for worker in range(len(self._task_conns)):
+            self._send(worker, None)  # workers skip the tasks queued before it
         # as torch's _shutdown_workers: workers get MP_STATUS_CHECK_INTERVAL
         # (5 s) to exit on their own (exit code 0) before they are killed
         deadline = time.monotonic() + grace

@@ -230,6 +230,7 @@ def state_dict(loader: DataLoader) -> dict[str, Any]:
         mid_pass = False  # every batch of the pass was yielded: the pass is complete
     sampler = loader.sampler
     dataset = loader.dataset
+    generator = order_generator(loader)
     state: dict[str, Any] = {
         "version": STATE_VERSION,
         "batches_yielded": progress.yielded if mid_pass else 0,
@@ -239,9 +240,7 @@ def state_dict(loader: DataLoader) -> dict[str, Any]:
         # between passes: the loader's generator as it is, which the next pass
         # draws from (torch's global RNG is the caller's to save and restore)
         "generator_state": (
-            order_generator(loader).get_state()
-            if order_generator(loader) is not None and not mid_pass
-            else None
+            generator.get_state() if generator is not None and not mid_pass else None
         ),
         "generator": _generator_kind(loader),
         "num_workers": loader.num_workers,
