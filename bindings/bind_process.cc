@@ -56,7 +56,8 @@ struct SlotHold {
 
 void bind_process(nb::module_& m) {
   m.def("default_shm_dir", &default_shm_dir,
-        "Where shared memory segments are created: $LEANLOADER_SHM_DIR or /dev/shm.");
+        "Where shared memory segments are created: $LEANLOADER_SHM_DIR, or '' for anonymous "
+        "shared memory (memfds).");
   m.def("set_parent_death_signal", &set_parent_death_signal, nb::arg("signal"),
         nb::arg("expected_parent"),
         "prctl(PR_SET_PDEATHSIG): this process gets `signal` when its parent dies. "
@@ -69,9 +70,10 @@ void bind_process(nb::module_& m) {
 
   nb::class_<SharedSegment>(
       m, "SharedSegment",
-      "Shared memory reserved in full (posix_fallocate) and unlinked at creation: a full "
-      "/dev/shm is an OSError(ENOSPC) here, and nothing is left behind after any exit. "
-      "Other processes attach through attach_path while this process lives.")
+      "Shared memory reserved in full (posix_fallocate) that never has a name (a memfd, or an "
+      "O_TMPFILE file in `dir`): a full directory is an OSError(ENOSPC) here, and nothing is "
+      "left behind after any exit. Other processes attach through attach_path while this "
+      "process lives.")
       .def_static(
           "create",
           [](size_t size, std::optional<std::string> dir) {
@@ -116,8 +118,10 @@ void bind_process(nb::module_& m) {
   m.def(
       "shared_copy",
       [](uintptr_t address, size_t bytes, std::optional<std::string> dir, bool share_pages) {
-        // The GIL stays held: no Python thread may write the block between
-        // its copy and the mapping of its pages (shared_copy.h).
+        // The GIL stays held; callers pass share_pages only when no other
+        // thread may be writing the block (one that released the GIL in a
+        // NumPy or torch loop would lose the writes landing between the copy
+        // and the mapping of their page: shared_copy.h).
         const SharedCopy copy =
             make_shared_copy(reinterpret_cast<void*>(address), bytes, dir.value_or(""),
                              share_pages ? PageSharing::kWhereSafe : PageSharing::kOff);
@@ -128,6 +132,15 @@ void bind_process(nb::module_& m) {
       "A copy of `bytes` bytes at `address` in a new segment: (segment, offset, shared_bytes). "
       "With share_pages, where the block is a whole glibc mmapped chunk (the pointer malloc "
       "returned), its pages are then mapped from the copy, copy-on-write: one copy in all.");
+  m.def(
+      "copy_is_current",
+      [](uintptr_t source, uintptr_t copy, size_t bytes) {
+        nb::gil_scoped_release release;
+        return copy_is_current(reinterpret_cast<const void*>(source),
+                               reinterpret_cast<const void*>(copy), bytes);
+      },
+      nb::arg("source"), nb::arg("copy"), nb::arg("bytes"),
+      "Whether `bytes` bytes at `source` equal those at `copy` (a shared copy made earlier).");
   m.def(
       "page_sharing_refusal",
       [](uintptr_t address, size_t bytes) {

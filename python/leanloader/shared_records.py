@@ -30,9 +30,10 @@ class SharedRecords(Sequence):
     """A read-only sequence of records (dicts, tuples, strings, numbers...).
 
     ``records[i]`` decodes and returns a fresh object each time: mutating it
-    does not change the stored record. ``dir`` is the shared-memory directory
-    (default ``$LEANLOADER_SHM_DIR`` or ``/dev/shm``); its space is reserved
-    up front, so a full ``/dev/shm`` is an ``OSError`` here.
+    does not change the stored record. ``dir`` is a shared-memory (tmpfs)
+    directory (default ``$LEANLOADER_SHM_DIR``, else anonymous shared memory,
+    a memfd); its space is reserved up front, so a full directory is an
+    ``OSError`` here.
     """
 
     def __init__(self, records: Iterable[Any], *, dir: str | None = None) -> None:

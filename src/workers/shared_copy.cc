@@ -64,14 +64,11 @@ using Mapping = detail::ProcessMapping;
 
 // Private read-write memory whose pages may be replaced: anonymous (possibly
 // named by the allocator), or the file of an earlier shared copy made by
-// this process ("<dir>/leanloader-<pid>-... (deleted)").
+// this process (a segment it created: memfd or unnamed tmpfs file).
 bool replaceable(const Mapping& mapping) {
   if (mapping.perms != "rw-p") return false;
   if (mapping.path.empty() || mapping.path.rfind("[anon:", 0) == 0) return mapping.inode == 0;
-  const std::string ours = "/leanloader-" + std::to_string(::getpid()) + "-";
-  const std::string deleted = " (deleted)";
-  return mapping.path.find(ours) != std::string::npos && mapping.path.size() > deleted.size() &&
-         mapping.path.compare(mapping.path.size() - deleted.size(), deleted.size(), deleted) == 0;
+  return mapping.inode != 0 && SharedSegment::created_here(mapping.device, mapping.inode);
 }
 
 // "" when [start, end) is covered, without a gap, by replaceable mappings.
@@ -186,13 +183,18 @@ void map_page_tables(uintptr_t address, size_t bytes) {
 bool segment_can_hold_the_pages(const SharedSegment& segment) {
   struct statfs file_system {};
   struct statvfs space {};
+  // A memfd's file system reports no blocks at all: it has no size limit.
   return ::fstatfs(segment.fd(), &file_system) == 0 &&
          static_cast<uint64_t>(file_system.f_type) == TMPFS_MAGIC &&
          ::fstatvfs(segment.fd(), &space) == 0 &&
-         uint64_t{space.f_bavail} * space.f_frsize >= segment.size();
+         (space.f_blocks == 0 || uint64_t{space.f_bavail} * space.f_frsize >= segment.size());
 }
 
 }  // namespace
+
+bool copy_is_current(const void* source, const void* copy, size_t bytes) {
+  return source == copy || bytes == 0 || std::memcmp(source, copy, bytes) == 0;
+}
 
 std::string page_sharing_refusal(const void* source, size_t bytes) {
   return refusal(source, bytes, detail::read_process_mappings());

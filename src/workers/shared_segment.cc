@@ -14,6 +14,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
 
 #include "io/file_io.h"
 #include "io/proc_maps.h"
@@ -27,6 +28,10 @@ namespace {
 struct Registry {
   std::mutex mutex;
   std::map<uintptr_t, std::pair<size_t, std::weak_ptr<SharedSegment>>> by_start;
+  // (st_dev, st_ino) of every segment this process created, for
+  // created_here(): kept for the process's life, since private mappings of
+  // a segment's file outlive the segment (shmem inode numbers only grow).
+  std::set<std::pair<uint64_t, uint64_t>> created;
 };
 
 Registry& registry() {
@@ -49,6 +54,12 @@ std::string mib(uint64_t bytes) {
 
 // An ENOSPC from posix_fallocate, with what a user needs to fix it.
 [[noreturn]] void throw_no_space(const std::string& dir, size_t size) {
+  if (dir.empty()) {
+    throw Error("cannot reserve " + std::to_string(size) + " bytes (" + mib(size) +
+                    ") of shared memory (memfd): out of memory; use fewer workers or smaller "
+                    "batches, or raise the container's memory limit",
+                ErrorKind::kIo, ENOMEM);
+  }
   std::string message = "cannot reserve " + std::to_string(size) + " bytes (" + mib(size) +
                         ") of shared memory in '" + dir + "': no space left on device";
   struct statvfs st {};
@@ -57,9 +68,9 @@ std::string mib(uint64_t bytes) {
     const uint64_t total_bytes = uint64_t{st.f_blocks} * st.f_frsize;
     message += " (" + mib(free_bytes) + " free of " + mib(total_bytes) + ")";
   }
-  message +=
-      "; enlarge it (docker run --shm-size=8g, or mount -o remount,size=8G " + dir +
-      "), use fewer workers or smaller batches, or point LEANLOADER_SHM_DIR at a larger tmpfs";
+  message += "; enlarge it (mount -o remount,size=8G " + dir +
+             "), use fewer workers or smaller batches, or leave LEANLOADER_SHM_DIR and shm_dir "
+             "unset (anonymous shared memory, limited by RAM only)";
   throw Error(message, ErrorKind::kIo, ENOSPC);
 }
 
@@ -94,7 +105,7 @@ int shared_mapping_descriptor(const void* address, size_t bytes) {
 std::string default_shm_dir() {
   const char* env = std::getenv("LEANLOADER_SHM_DIR");
   if (env != nullptr && env[0] != '\0') return env;
-  return "/dev/shm";
+  return "";
 }
 
 SharedSegment::SharedSegment(std::byte* data, size_t size, int fd, std::string path, bool writable,
@@ -111,6 +122,20 @@ void SharedSegment::register_segment(const std::shared_ptr<SharedSegment>& segme
   r.by_start[reinterpret_cast<uintptr_t>(segment->data())] = {segment->size(), segment};
 }
 
+void SharedSegment::register_created(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return;
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.created.insert({static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)});
+}
+
+bool SharedSegment::created_here(uint64_t device, uint64_t inode) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  return r.created.count({device, inode}) != 0;
+}
+
 SharedSegment::~SharedSegment() {
   {
     Registry& r = registry();
@@ -122,32 +147,62 @@ SharedSegment::~SharedSegment() {
   if (fd_ >= 0) ::close(fd_);
 }
 
+namespace {
+
+// A new file of shared memory that has no name anywhere, so that nothing can
+// be left behind whatever ends the process (SIGKILL included): a memfd when
+// `dir` is empty (charged to the memory cgroup like any page, limited by no
+// tmpfs size: Docker's 64 MiB /dev/shm does not apply), else an O_TMPFILE
+// inode on `dir`'s filesystem (its size limit applies). A filesystem without
+// O_TMPFILE gets a unique name that is unlinked at once (`unlink_now`).
+int create_unnamed_file(const std::string& dir, std::string& path, bool& unlink_now) {
+  unlink_now = false;
+  if (dir.empty()) {
+    path = "memfd:" + unique_name();
+    const int fd = ::memfd_create(path.c_str() + 6, MFD_CLOEXEC);
+    if (fd < 0) throw IoError("cannot create shared memory (memfd_create)", path, errno);
+    return fd;
+  }
+  path = dir + "/" + unique_name();
+  int fd = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  if (fd >= 0) return fd;
+  // EOPNOTSUPP: the filesystem has no O_TMPFILE; EISDIR: the kernel does
+  // not know the flag. Any other error is the directory's own.
+  if (errno != EOPNOTSUPP && errno != EISDIR) {
+    throw IoError("cannot create shared memory segment", path, errno);
+  }
+  fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) throw IoError("cannot create shared memory segment", path, errno);
+  unlink_now = true;
+  return fd;
+}
+
+}  // namespace
+
 std::shared_ptr<SharedSegment> SharedSegment::create(size_t size, const std::string& dir_arg,
                                                      Reserve reserve) {
   if (size == 0) throw InvalidArgument("a shared memory segment needs a size above 0");
   const std::string dir = dir_arg.empty() ? default_shm_dir() : dir_arg;
-  const std::string path = dir + "/" + unique_name();
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) throw IoError("cannot create shared memory segment", path, errno);
-  // From here on the name exists: remove it on every path out.
+  std::string path;
+  bool named = false;
+  const int fd = create_unnamed_file(dir, path, named);
+  // Unnamed from here on, whichever way the segment was made.
+  if (named) ::unlink(path.c_str());
   const int reserve_error = reserve == Reserve::kNow
                                 ? ::posix_fallocate(fd, 0, static_cast<off_t>(size))
                                 : (::ftruncate(fd, static_cast<off_t>(size)) == 0 ? 0 : errno);
   if (reserve_error != 0) {
-    ::unlink(path.c_str());
     ::close(fd);
-    if (reserve_error == ENOSPC) throw_no_space(dir, size);
+    if (reserve_error == ENOSPC || reserve_error == ENOMEM) throw_no_space(dir, size);
     throw IoError("cannot reserve " + std::to_string(size) + " bytes for", path, reserve_error);
   }
   void* data = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  const int map_error = errno;
-  // Unlinked now: the memory stays while this descriptor or a mapping (here
-  // or in a worker) exists, and nothing remains in `dir` after any exit.
-  ::unlink(path.c_str());
   if (data == MAP_FAILED) {
+    const int map_error = errno;
     ::close(fd);
     throw IoError("cannot map shared memory segment", path, map_error);
   }
+  register_created(fd);
   auto segment = std::shared_ptr<SharedSegment>(
       new SharedSegment(static_cast<std::byte*>(data), size, fd, path, true, false));
   register_segment(segment);
@@ -201,9 +256,12 @@ void SharedSegment::reserve(size_t offset, size_t bytes) {
   const int error_number =
       ::posix_fallocate(fd_, static_cast<off_t>(offset), static_cast<off_t>(bytes));
   if (error_number == 0) return;
-  if (error_number == ENOSPC) {
+  if (error_number == ENOSPC || error_number == ENOMEM) {
     const size_t slash = path_.rfind('/');
-    throw_no_space(slash == std::string::npos ? std::string(".") : path_.substr(0, slash), bytes);
+    throw_no_space(path_.rfind("memfd:", 0) == 0 ? std::string()
+                   : slash == std::string::npos  ? std::string(".")
+                                                 : path_.substr(0, slash),
+                   bytes);
   }
   throw IoError("cannot reserve " + std::to_string(bytes) + " bytes for", path_, error_number);
 }

@@ -696,7 +696,7 @@ def _mapped_from_segment(address: int) -> bool:
         for line in maps:
             start, end = (int(x, 16) for x in line.split()[0].split("-"))
             if start <= address < end:
-                return "/leanloader-" in line
+                return "leanloader-" in line
     return False
 
 
@@ -949,11 +949,14 @@ def test_collate_exception_is_reraised():
 
 
 def test_timeout_raises():
-    loader = ll.DataLoader(Slow(3.0, n=4), batch_size=1, num_workers=1, timeout=1)
+    # The sample takes a minute: the error comes from the timeout, long
+    # before, however slow the machine is to start the worker (start-up
+    # counts against the timeout, as in torch).
+    loader = ll.DataLoader(Slow(60.0, n=4), batch_size=1, num_workers=1, timeout=1)
     start = time.monotonic()
     with pytest.raises(RuntimeError, match="timed out after 1 seconds"):
         next(iter(loader))
-    assert time.monotonic() - start < 2.9  # (worker start-up counts against the timeout)
+    assert time.monotonic() - start < 30
     loader.close()
 
 

@@ -69,6 +69,13 @@ enum class PageSharing {
 SharedCopy make_shared_copy(void* source, size_t bytes, const std::string& dir,
                             PageSharing sharing);
 
+// Whether the `bytes` bytes at `source` still equal those at `copy`: a
+// shared copy made in an earlier pass stays the workers' only while the
+// main process has not written the source since (torch's workers, fork or
+// spawn, see what the main process holds when they start). Bytes, not
+// values: -0.0 is not 0.0, a NaN equals its own bit pattern.
+bool copy_is_current(const void* source, const void* copy, size_t bytes);
+
 // Why the pages of `bytes` bytes at `source` cannot be shared (one of the
 // rules above), or "" when they can. Reads /proc/self/maps.
 std::string page_sharing_refusal(const void* source, size_t bytes);

@@ -1,19 +1,23 @@
-// SharedSegment: a block of shared memory (tmpfs, normally /dev/shm) that
-// several processes map, reserved in full up front and named for an instant
-// only.
+// SharedSegment: a block of shared memory (a memfd, or an unnamed file of a
+// tmpfs the user names) that several processes map, reserved in full up
+// front and never reachable by a name.
 //
 // Why: worker processes must share one copy of large arrays and write batches
 // where the main process can read them without a copy. Two failure modes of
 // the usual approach (torch's) are designed out here:
-//   - A full /dev/shm: a sparse tmpfs file maps fine and the first write into
-//     a missing page raises SIGBUS mid-epoch. create() reserves every page
-//     with posix_fallocate, so a full /dev/shm is an OSError(ENOSPC) at
+//   - A full /dev/shm: Docker's and Kubernetes' default /dev/shm holds
+//     64 MiB, and a sparse tmpfs file maps fine, then the first write into a
+//     missing page raises SIGBUS mid-epoch. By default a segment is a memfd
+//     (limited by memory, charged to the memory cgroup, not by /dev/shm's
+//     size); in a directory the user names, create() reserves every page
+//     with posix_fallocate, so a full tmpfs is an OSError(ENOSPC) at
 //     creation, naming the directory, the size requested and the free space.
-//   - Leftovers after SIGKILL: the name is unlinked right after creation, so
-//     nothing is left in the directory whatever happens to the process. The
-//     memory lives as long as some process holds the descriptor or a mapping.
-//     Other processes attach through /proc/<owner pid>/fd/<fd> (see
-//     attach()), which works for unlinked files while the owner lives.
+//   - Leftovers after SIGKILL: a memfd or an O_TMPFILE inode never has a
+//     name, so nothing is left anywhere whatever happens to the process (a
+//     filesystem without O_TMPFILE gets a name unlinked right after open).
+//     The memory lives as long as some process holds the descriptor or a
+//     mapping. Other processes attach through /proc/<owner pid>/fd/<fd> (see
+//     attach()), which works for unnamed files while the owner lives.
 //
 // Ownership: a SharedSegment owns its descriptor and its mapping; both are
 // released when the last shared_ptr goes away. It is a Storage, so Tensors
@@ -22,6 +26,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -30,7 +35,7 @@
 namespace leanloader {
 
 // The directory segments are created in: $LEANLOADER_SHM_DIR when set and
-// not empty, else /dev/shm.
+// not empty, else "" (anonymous shared memory: memfds).
 std::string default_shm_dir();
 
 // A descriptor of this process for the file mapped shared (MAP_SHARED, from
@@ -48,9 +53,10 @@ class SharedSegment final : public Storage {
   };
 
   // Creates a segment of `size` bytes in `dir` (default_shm_dir() when
-  // empty), reserves it with posix_fallocate (kNow), maps it read-write and
-  // unlinks its name. Throws IoError (ENOSPC with the free space in the
-  // message when the directory is full) or InvalidArgument for size 0.
+  // empty; a memfd when that is empty too), reserves it with posix_fallocate
+  // (kNow) and maps it read-write. Throws IoError (ENOSPC with the free space
+  // in the message when the directory is full, ENOMEM for a memfd) or
+  // InvalidArgument for size 0.
   static std::shared_ptr<SharedSegment> create(size_t size, const std::string& dir = "",
                                                Reserve reserve = Reserve::kNow);
 
@@ -70,7 +76,9 @@ class SharedSegment final : public Storage {
 
   // The descriptor that keeps the memory alive in this process.
   int fd() const noexcept { return fd_; }
-  // The (already unlinked) name it was created under, or the attach path.
+  // What names it in messages: "memfd:leanloader-<pid>-<n>-<salt>", the
+  // directory and unique name it was made in (never linked there), or the
+  // attach path.
   const std::string& path() const noexcept { return path_; }
   bool writable() const noexcept { return writable_; }
   bool copy_on_write() const noexcept { return copy_on_write_; }
@@ -93,10 +101,16 @@ class SharedSegment final : public Storage {
   // array that already lives in shared memory. Thread-safe.
   static std::shared_ptr<SharedSegment> find(const void* address);
 
+  // Whether the file (st_dev, st_ino) is a segment this process created, alive
+  // or not: a mapping of it may be replaced again (see shared_copy).
+  // Thread-safe.
+  static bool created_here(uint64_t device, uint64_t inode);
+
  private:
   SharedSegment(std::byte* data, size_t size, int fd, std::string path, bool writable,
                 bool copy_on_write);
   static void register_segment(const std::shared_ptr<SharedSegment>& segment);
+  static void register_created(int fd);
 
   void check_range(size_t offset, size_t bytes, const char* what) const;
 

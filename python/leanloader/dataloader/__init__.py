@@ -42,9 +42,10 @@ workers, IterDataPipe sharding across workers. What differs:
   signal and its samples within ``timeout`` (or 5 s); an exception in the
   dataset or collate_fn is re-raised with its own type, args and the worker's
   traceback (as a note).
-- Shared memory is unlinked as soon as it is created: nothing is left in
-  /dev/shm after any exit, SIGKILL included; workers die with the main
-  process (PR_SET_PDEATHSIG).
+- Shared memory never has a name (memfds, or O_TMPFILE files in a chosen
+  ``shm_dir``): nothing is left behind after any exit, SIGKILL included, and
+  Docker's 64 MiB /dev/shm does not limit it; workers die with the main
+  process.
 """
 
 __all__ = ["DataLoader"]

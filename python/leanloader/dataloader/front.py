@@ -80,7 +80,8 @@ class DataLoader(_TorchDataLoader[_T_co]):
     (move those arrays and tensors of the dataset itself into shared memory
     instead of sharing a copy: no second copy in the main process, but the
     dataset's arrays are replaced and its tensors' storage moved), ``shm_dir``
-    (default ``$LEANLOADER_SHM_DIR`` or /dev/shm), ``warn_copy_bytes`` (warn
+    (a tmpfs directory for shared memory; default ``$LEANLOADER_SHM_DIR``,
+    else anonymous shared memory (memfd), which no /dev/shm size limits), ``warn_copy_bytes`` (warn
     once when each worker would receive more than this many pickled bytes of
     dataset).
     """

@@ -127,7 +127,7 @@ TEST(SharedCopyTest, AMallocMappedBlockIsMappedFromItsCopyWithoutASecondCopy) {
   EXPECT_TRUE(has_pattern(source, bytes, 2));  // the same bytes at the same addresses
   EXPECT_TRUE(has_pattern(copy.segment->data() + copy.offset, bytes, 2));
   const std::string mapping = mapping_of(source + bytes / 2);
-  EXPECT_NE(mapping.find("/leanloader-"), std::string::npos) << mapping;
+  EXPECT_NE(mapping.find("/memfd:leanloader-"), std::string::npos) << mapping;
   EXPECT_NE(mapping.find(" rw-p "), std::string::npos) << mapping;
   // The source's anonymous pages went back to the kernel (less the two
   // partial pages at its ends and whatever else the process did meanwhile).
@@ -144,7 +144,7 @@ TEST(SharedCopyTest, AMallocMappedBlockIsMappedFromItsCopyWithoutASecondCopy) {
   // free() unmaps the whole block (the file mapping with it); the copy stays.
   const auto middle = reinterpret_cast<uintptr_t>(source) + bytes / 2;
   std::free(source);
-  EXPECT_EQ(mapping_of(reinterpret_cast<const void*>(middle)).find("/leanloader-"),
+  EXPECT_EQ(mapping_of(reinterpret_cast<const void*>(middle)).find("leanloader-"),
             std::string::npos);
   EXPECT_TRUE(has_pattern(copy.segment->data() + copy.offset, bytes, 2));
 }
@@ -208,7 +208,7 @@ TEST(SharedCopyTest, BlocksThatAreNotWholeMallocMappedBlocksGetAPlainCopy) {
   EXPECT_NE(page_sharing_refusal(inner, bytes / 2), "");
   SharedCopy copy = make_shared_copy(inner, bytes / 2, "", PageSharing::kWhereSafe);
   EXPECT_EQ(copy.shared_bytes, 0u);
-  EXPECT_EQ(mapping_of(inner + kPage).find("/leanloader-"), std::string::npos);
+  EXPECT_EQ(mapping_of(inner + kPage).find("leanloader-"), std::string::npos);
   // Longer than the block malloc made.
   EXPECT_NE(page_sharing_refusal(block, bytes + (1 << 20)), "");
   std::free(block);
@@ -267,7 +267,7 @@ TEST(SharedCopyTest, AFullDirectoryIsAClearErrorAndLendsItNoPagesOfTheSource) {
   }
   // The copy could not fit, so no page of the source was mapped from it:
   // the directory holds nothing (it unmounts) and the source its bytes.
-  EXPECT_EQ(mapping_of(source + kPage * 2).find("/leanloader-"), std::string::npos);
+  EXPECT_EQ(mapping_of(source + kPage * 2).find("leanloader-"), std::string::npos);
   EXPECT_EQ(::umount(dir.path().c_str()), 0) << std::strerror(errno);
   EXPECT_TRUE(has_pattern(source, bytes, 5));
   std::free(source);

@@ -45,7 +45,44 @@ TEST(SharedSegmentTest, DefaultDirectoryFollowsEnvironment) {
   auto segment = SharedSegment::create(4096);
   EXPECT_EQ(segment->path().rfind(dir.path(), 0), 0u);
   ::unsetenv("LEANLOADER_SHM_DIR");
-  EXPECT_EQ(default_shm_dir(), "/dev/shm");
+  EXPECT_EQ(default_shm_dir(), "");
+}
+
+std::string link_target(const std::string& path) {
+  char target[4096];
+  const ssize_t n = ::readlink(path.c_str(), target, sizeof(target) - 1);
+  return n < 0 ? std::string() : std::string(target, static_cast<size_t>(n));
+}
+
+TEST(SharedSegmentTest, WithoutADirectoryASegmentIsAMemfd) {
+  // No tmpfs size applies (Docker's 64 MiB /dev/shm), and no name exists
+  // that a SIGKILL could leave behind.
+  auto segment = SharedSegment::create(1 << 20);
+  EXPECT_EQ(segment->path().rfind("memfd:leanloader-", 0), 0u) << segment->path();
+  EXPECT_EQ(link_target(segment->attach_path()).rfind("/memfd:leanloader-", 0), 0u);
+  std::memset(segment->data(), 3, segment->size());
+  auto attached = SharedSegment::attach(segment->attach_path());
+  EXPECT_EQ(static_cast<int>(attached->data()[4097]), 3);
+  struct stat st {};
+  ASSERT_EQ(::fstat(segment->fd(), &st), 0);
+  EXPECT_TRUE(SharedSegment::created_here(st.st_dev, st.st_ino));
+  ASSERT_EQ(::fstat(attached->fd(), &st), 0);
+  EXPECT_TRUE(SharedSegment::created_here(st.st_dev, st.st_ino));  // the same file
+}
+
+TEST(SharedSegmentTest, InADirectoryTheFileNeverHasAName) {
+  // O_TMPFILE: the inode is on the directory's file system (its size limit
+  // applies) but no name is ever linked, not even for an instant.
+  testing::TempDir dir;
+  auto segment = SharedSegment::create(8192, dir.path());
+  EXPECT_EQ(entries_in(dir.path()), 0u);
+  EXPECT_NE(link_target(segment->attach_path()).find(" (deleted)"), std::string::npos);
+  struct stat st {};
+  ASSERT_EQ(::stat(dir.path().c_str(), &st), 0);
+  struct stat own {};
+  ASSERT_EQ(::fstat(segment->fd(), &own), 0);
+  EXPECT_EQ(own.st_dev, st.st_dev);
+  EXPECT_FALSE(SharedSegment::created_here(st.st_dev, st.st_ino));  // the directory is not ours
 }
 
 TEST(SharedSegmentTest, AttachSeesWritesOfAnotherProcess) {
