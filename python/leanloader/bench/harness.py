@@ -314,7 +314,9 @@ class TreeMemorySampler:
         self._pid = pid
         self._interval_s = interval_s
         self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._sample_until_stopped, daemon=True)
+        self._thread = threading.Thread(
+            target=self._sample_until_stopped, name="leanloader-memory-sampler", daemon=True
+        )
         self.peaks = dict.fromkeys(PEAK_KEYS, 0)
         self.samples = 0
         # (time.time(), unreclaimable bytes) of every sample.

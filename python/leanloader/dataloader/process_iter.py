@@ -144,6 +144,7 @@ class ProcessIterator:
         # than memory_budget when the loader has one; a segment beyond that is
         # freed when its batch is dropped.
         self._retained: list[Any] = []
+        self._attached_segments: list[Any] = []
         self._retain_cap = self._prefetch * self._num_workers + 1
         budget = getattr(loader, "memory_budget", None)
         self._retain_budget = budget if isinstance(budget, int) and budget > 0 else None
@@ -256,6 +257,9 @@ class ProcessIterator:
                 self._workers.append(process)
                 self._task_conns.append(task_write)
                 self._result_conns.append(result_read)
+            # The segments this pass's workers attach stay while they may
+            # (a later pass may supersede a copy the main process wrote).
+            self._attached_segments = self._sharing.take_used()
         except BaseException:
             self.shutdown()
             raise
@@ -668,6 +672,7 @@ class ProcessIterator:
             conn.close()
         self._release_pending()
         self._retained = []
+        self._attached_segments = []  # (the workers are gone)
         self._unoffered = {}
         self._collect_pinned()
 

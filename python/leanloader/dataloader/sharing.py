@@ -4,17 +4,19 @@ references to those segments instead of their bytes.
 
 The dataset object the user passed is left as it was: the pickler sends a
 reference to a shared *copy* of each large array or tensor, made the first
-time it is pickled and reused for the loader's lifetime (so writes the main
-process makes to that array later are not seen by workers started after
-them; torch would pickle them again). Where the array's memory is a whole
-block that glibc's malloc mapped on its own (NumPy's and torch's large
-arrays), the array's pages are then mapped from the copy, copy-on-write
-(``_core.shared_copy``, src/workers/shared_copy.cc): the same bytes at the
-same addresses, and one copy in all instead of two. ``share_in_place=True``
-instead moves the arrays (attributes replaced by equal arrays backed by
-shared memory) and tensors (their storage moved, as
+time it is pickled and reused by later passes only while the array still
+holds the copy's bytes (a pass sees what the main process wrote before it,
+as torch's workers do; persistent workers keep what they received, as
+torch's). Where the array's memory is a whole block that glibc's malloc
+mapped on its own (NumPy's and torch's large arrays) and no other thread
+may be writing it, the array's pages are then mapped from the copy,
+copy-on-write (``_core.shared_copy``, src/workers/shared_copy.cc): the same
+bytes at the same addresses, and one copy in all instead of two.
+``share_in_place=True`` instead moves the arrays (attributes replaced by
+equal arrays backed by shared memory) and tensors (their storage moved, as
 ``Tensor.share_memory_()``) of the dataset itself: its later writes are
-seen. Tensors already in torch's shared memory are sent as that memory."""
+seen. Tensors already in torch's shared memory are sent as that memory.
+Subclasses of ndarray (MaskedArray, matrix) pickle as NumPy pickles them."""
 
 from __future__ import annotations
 
@@ -44,25 +46,79 @@ from leanloader.dataloader.worker import (
 SHARE_PAGES = os.environ.get("LEANLOADER_SHARE_PAGES", "1") != "0"
 
 
+def _page_sharing_safe() -> bool:
+    """True when taking an array's pages cannot lose a write: no Python
+    thread but this one and leanloader's own ("leanloader-*", which never
+    write a dataset's arrays) is alive. A thread inside a NumPy or torch loop
+    runs without the GIL, and a write of its landing between the copy of a
+    page and its mapping from the copy would be lost; with such threads
+    about, the copy is a plain copy (the dataset keeps its own pages)."""
+    import threading
+
+    current = threading.current_thread()
+    return all(
+        thread is current or thread.name.startswith("leanloader-") or not thread.is_alive()
+        for thread in threading.enumerate()
+    )
+
+
+class _Copy:
+    """A shared copy of one array or storage: the source's owner (weakly: the
+    copy serves while it lives), the copy, its segment, and what to compare
+    to tell whether the source changed since (see DatasetSharing.current)."""
+
+    __slots__ = ("address", "nbytes", "owner", "segment", "shared")
+
+    def __init__(self, owner: Any, shared: Any, segment: Any, address: int, nbytes: int) -> None:
+        self.owner, self.shared, self.segment = owner, shared, segment
+        self.address, self.nbytes = address, nbytes
+
+
 class DatasetSharing:
     """Moves large arrays of a dataset into shared memory and pickles it with
-    references to those segments. Holds every segment it created (and so the
-    descriptors that workers attach through) for the loader's lifetime."""
+    references to those segments.
+
+    A shared copy is made the first time an array or tensor is pickled and
+    reused by later pickles (each pass of non-persistent workers) only while
+    the source still holds the copy's bytes: a pass sees what the main
+    process wrote before it, as torch's workers do. A superseded copy, and
+    the copy of a source that is gone, leave this object; an iterator holds
+    the segments its workers attach (take_used) until its workers are gone."""
 
     def __init__(self, threshold: int, shm_dir: str | None) -> None:
         self.threshold = threshold
         self.shm_dir = shm_dir
-        self.segments: list[Any] = []
-        self.moved_tensors: dict[int, Any] = {}  # old storage address -> shared storage
+        self.in_place_segments: list[Any] = []  # share_in_place: for the loader's lifetime
         self.in_place = False
-        # id(array) -> (weak reference to it, its shared copy)
-        self.array_copies: dict[int, tuple[Any, Any]] = {}
-        # (storage address, bytes) -> (weak reference to the storage's tensor, shared storage)
-        self.storage_copies: dict[tuple[int, int], Any] = {}
+        # key -> _Copy: ("block", address, bytes) for a block its allocator
+        # returned, ("array", id) for any other array, ("storage", address,
+        # bytes) for a tensor's storage
+        self.copies: dict[tuple, _Copy] = {}
         # Bytes of the user's arrays and tensors now mapped from their shared
         # copies (the rest of each copy is a second copy of its bytes).
         self.shared_page_bytes = 0
         self.torch = sys.modules.get("torch")
+        self._used: dict[int, Any] = {}  # segments referenced since take_used()
+        self._moved: dict[int, Any] = {}  # during one dump: old storage address -> moved
+
+    @property
+    def segments(self) -> list[Any]:
+        """The segments this object keeps: the dataset's own arrays moved in
+        place, and the current shared copies."""
+        self._drop_orphans()
+        unique = {id(s): s for s in self.in_place_segments}
+        unique.update((id(c.segment), c.segment) for c in self.copies.values())
+        return list(unique.values())
+
+    def take_used(self) -> list[Any]:
+        """The segments the pickles since the last call refer to (what their
+        receivers attach), forgotten here."""
+        used, self._used = list(self._used.values()), {}
+        return used
+
+    def _drop_orphans(self) -> None:
+        for key in [k for k, c in self.copies.items() if c.owner() is None]:
+            del self.copies[key]
 
     def share_in_place(self, dataset: Any) -> int:
         """Replaces large NumPy arrays held in attributes, dicts and lists by
@@ -80,7 +136,7 @@ class DatasetSharing:
             if self._should_move_array(value, np):
                 replacements.append((container, key, value))
         for container, key, value in replacements:
-            shared = self._to_segment(value, np)
+            shared, segment = self._to_segment(value, np)
             if isinstance(container, (dict, list)):
                 container[key] = shared
             else:
@@ -88,6 +144,7 @@ class DatasetSharing:
                     setattr(container, key, shared)
                 except (AttributeError, TypeError):
                     continue  # read-only attribute: the pickler copies it instead
+            self.in_place_segments.append(segment)
             moved += int(value.nbytes)
         return moved
 
@@ -100,47 +157,78 @@ class DatasetSharing:
             and _core.find_shared_segment(value.__array_interface__["data"][0]) is None
         )
 
-    def _to_segment(self, array: Any, np: Any) -> Any:
+    def _to_segment(self, array: Any, np: Any) -> tuple[Any, Any]:
         segment = _core.SharedSegment.create(max(1, int(array.nbytes)), self.shm_dir)
-        self.segments.append(segment)
         segment.write(0, np.ascontiguousarray(array))
         shared = segment.array(0, NUMPY_TO_NAME[array.dtype.str], list(array.shape), "numpy")
-        return shared.view(array.dtype)
+        return shared.view(array.dtype), segment
 
     def dumps(self, obj: Any, forking: bool = False) -> bytes:
         """`obj` pickled with references to shared segments. With `forking`
         (inside Process.start()), multiprocessing's own reducers apply too:
         Value, Lock, Event, Queue... are sent as the start method sends them."""
+        self._drop_orphans()
         buffer = io.BytesIO()
-        SharingPickler(buffer, self, forking).dump(obj)
+        try:
+            SharingPickler(buffer, self, forking).dump(obj)
+        finally:
+            self._moved = {}  # (an address freed later may come back as another storage)
         return buffer.getvalue()
+
+    def _use(self, segment: Any) -> Any:
+        self._used[id(segment)] = segment
+        return segment
+
+    def _current(self, key: tuple, source_address: int) -> _Copy | None:
+        """The kept copy for `key` when its source lives and still holds the
+        copy's bytes; else None (a stale copy is dropped)."""
+        kept = self.copies.get(key)
+        if kept is None:
+            return None
+        if kept.owner() is not None and _core.copy_is_current(
+            source_address, kept.address, kept.nbytes
+        ):
+            return kept
+        del self.copies[key]
+        return None
 
     def _copy_sharing_pages(self, address: int, nbytes: int) -> tuple[Any, int]:
         """A shared copy of the block at `address` (the pointer its allocator
         returned) whose pages the block then shares where that is safe:
         (segment, offset of the copy in it)."""
-        segment, offset, shared = _core.shared_copy(address, nbytes, self.shm_dir, SHARE_PAGES)
-        self.segments.append(segment)
+        share = SHARE_PAGES and _page_sharing_safe()
+        segment, offset, shared = _core.shared_copy(address, nbytes, self.shm_dir, share)
         self.shared_page_bytes += shared
         return segment, offset
 
     def _shared_copy(self, array: Any, np: Any) -> Any:
-        """The shared copy of `array`, made once per array object."""
-        kept = self.array_copies.get(id(array))
-        if kept is not None and kept[0]() is array:
-            return kept[1]
-        if array.nbytes and array.flags.c_contiguous and _allocated_by_numpy(array, np):
-            segment, offset = self._copy_sharing_pages(
-                array.__array_interface__["data"][0], int(array.nbytes)
-            )
+        """The shared copy of `array`: made once, and again after the main
+        process wrote the array."""
+        address = array.__array_interface__["data"][0]
+        owner = _numpy_block_owner(array, np) if array.nbytes and array.flags.c_contiguous else None
+        if owner is not None:
+            key: tuple = ("block", address, int(array.nbytes))
+            kept = self._current(key, address)
+            if kept is not None:
+                return kept.shared
+            segment, offset = self._copy_sharing_pages(address, int(array.nbytes))
             name = NUMPY_TO_NAME[array.dtype.str]
             shared = segment.array(offset, name, list(array.shape), "numpy").view(array.dtype)
+            reference = weakref.ref(owner)
         else:
-            shared = self._to_segment(array, np)
-        try:
-            self.array_copies[id(array)] = (weakref.ref(array), shared)
-        except TypeError:
-            pass  # an array type without weak references: copied each time
+            key = ("array", id(array))
+            kept = self.copies.get(key)
+            if kept is not None and kept.owner() is array and _same_values(array, kept.shared, np):
+                return kept.shared
+            self.copies.pop(key, None)
+            shared, segment = self._to_segment(array, np)
+            try:
+                reference = weakref.ref(array)
+            except TypeError:
+                return shared  # an array type without weak references: copied each time
+        self.copies[key] = _Copy(
+            reference, shared, segment, shared.__array_interface__["data"][0], int(array.nbytes)
+        )
         return shared
 
     def reduce_array(self, array: Any) -> Any:
@@ -155,6 +243,10 @@ class DatasetSharing:
                 rebuild_memmap,
                 (array.filename, array.dtype.str, mode, int(array.offset), array.shape, order),
             )
+        if type(array) not in (np.ndarray, np.memmap):
+            # MaskedArray, matrix, recarray...: pickled as NumPy pickles
+            # them (a copy per worker, as torch sends them), with their type
+            return NotImplemented
         if array.dtype.str not in NUMPY_TO_NAME or array.nbytes < self.threshold:
             return NotImplemented
         address = array.__array_interface__["data"][0]
@@ -167,7 +259,7 @@ class DatasetSharing:
         offset = address - segment.address
         return (
             rebuild_array,
-            (segment_reference(segment), offset, array.dtype.str, array.shape, copy),
+            (segment_reference(self._use(segment)), offset, array.dtype.str, array.shape, copy),
         )
 
     def reduce_tensor(self, tensor: Any) -> Any:
@@ -194,47 +286,51 @@ class DatasetSharing:
             segment = _core.find_shared_segment(storage.data_ptr())
         offset = storage.data_ptr() - segment.address
         return _tensor_reduction(
-            tensor, segment_reference(segment), offset, storage.nbytes(), copy=copy
+            tensor, segment_reference(self._use(segment)), offset, storage.nbytes(), copy=copy
         )
 
     def _copy_storage(self, tensor: Any) -> Any:
-        """A shared copy of the tensor's storage, made once per storage while
-        that storage lives; the tensor itself is left as it was."""
+        """A shared copy of the tensor's storage: made once, and again after
+        the main process wrote the storage; the tensor is left as it was."""
         torch = self.torch
         old = tensor.untyped_storage()
-        key = (old.data_ptr(), old.nbytes())
-        kept = self.storage_copies.get(key)
-        if kept is not None and kept[0]() is not None:
-            return kept[1]
+        key = ("storage", old.data_ptr(), old.nbytes())
+        kept = self._current(key, old.data_ptr())
+        if kept is not None:
+            return kept.shared
         if old.nbytes() and old.resizable() and not _pinned(old):
             # made by torch's CPU allocator: the pointer it returned
             segment, offset = self._copy_sharing_pages(old.data_ptr(), old.nbytes())
             raw = segment.array(offset, "U8", [old.nbytes()], "torch")
         else:
+            # not resizable (from_blob, a numpy array's memory, a storage
+            # torch did not allocate): a plain copy
             segment = _core.SharedSegment.create(max(1, old.nbytes()), self.shm_dir)
-            self.segments.append(segment)
             raw = segment.array(0, "U8", [old.nbytes()], "torch")
             raw.copy_(torch.empty(0, dtype=torch.uint8).set_(old))
         shared_storage = raw.untyped_storage()
-        # the copy stays valid while the original storage is alive (a tensor
-        # viewing it); a new storage at the same address gets a new copy
-        self.storage_copies[key] = (weakref.ref(tensor), shared_storage)
+        # the copy serves while the pickled tensor (and so the storage) lives:
+        # its address cannot be another storage's meanwhile
+        self.copies[key] = _Copy(
+            weakref.ref(tensor), shared_storage, segment, shared_storage.data_ptr(), old.nbytes()
+        )
         return shared_storage
 
     def _move_tensor(self, tensor: Any) -> Any:
         """Moves the tensor's storage into a segment in place (as
         Tensor.share_memory_() does): the tensor object, its values and its
-        views in the main process stay as they were."""
+        views in the main process stay as they were. Views of the same
+        storage pickled in the same dump move to the same segment."""
         torch = self.torch
         old = tensor.untyped_storage()
-        shared_storage = self.moved_tensors.get(old.data_ptr())
+        shared_storage = self._moved.get(old.data_ptr())
         if shared_storage is None:
             segment = _core.SharedSegment.create(max(1, old.nbytes()), self.shm_dir)
-            self.segments.append(segment)
+            self.in_place_segments.append(segment)
             raw = segment.array(0, "U8", [old.nbytes()], "torch")
             raw.copy_(torch.empty(0, dtype=torch.uint8).set_(old))
             shared_storage = raw.untyped_storage()
-            self.moved_tensors[old.data_ptr()] = shared_storage
+            self._moved[old.data_ptr()] = shared_storage
         with torch.no_grad():
             moved = torch.empty(0, dtype=tensor.dtype).set_(
                 shared_storage, tensor.storage_offset(), tensor.shape, tensor.stride()
@@ -266,21 +362,33 @@ def _torch_shared_memory(storage: Any) -> tuple[int, int, int] | None:
     return None if fd < 0 else (os.getpid(), fd, os.fstat(fd).st_ino)
 
 
-def _allocated_by_numpy(array: Any, np: Any) -> bool:
-    """True when `array` starts at the pointer NumPy's default allocator
-    (malloc) returned: it owns its data, or is a view from the start of the
-    array that does (``np.arange(n).reshape(...)``), and no handler replaced
-    malloc."""
+def _numpy_block_owner(array: Any, np: Any) -> Any:
+    """The ndarray that owns `array`'s memory when `array` starts at the
+    pointer NumPy's default allocator (malloc) returned for it (it owns its
+    data, or is a view from the start of the array that does:
+    ``np.arange(n).reshape(...)``) and no handler replaced malloc; else None.
+    While that owner lives, the block's address is the block's."""
     owner = array
     while isinstance(owner.base, np.ndarray):
         owner = owner.base
     if type(owner) is not np.ndarray or not owner.flags.owndata:
-        return False
+        return None
     if owner.__array_interface__["data"][0] != array.__array_interface__["data"][0]:
-        return False
+        return None
     multiarray = getattr(np, "_core", None) or np.core
     get_handler_name = getattr(multiarray.multiarray, "get_handler_name", None)
-    return get_handler_name is not None and get_handler_name(owner) == "default_allocator"
+    if get_handler_name is None or get_handler_name(owner) != "default_allocator":
+        return None
+    return owner
+
+
+def _same_values(array: Any, copy: Any, np: Any) -> bool:
+    """Whether `array` (any strides) still holds its contiguous `copy`'s
+    bytes, compared as unsigned integers of the item size."""
+    unsigned = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}.get(array.dtype.itemsize)
+    if unsigned is None or array.shape != copy.shape:
+        return False  # (compared as bytes only where a view allows it: copied again)
+    return bool(np.array_equal(array.view(unsigned), copy.view(unsigned)))
 
 
 def _pinned(storage: Any) -> bool:

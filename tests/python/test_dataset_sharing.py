@@ -1,0 +1,329 @@
+"""How a dataset reaches ll.DataLoader's workers, against torch's DataLoader
+(fork and spawn) on the same dataset objects: what each pass sees after the
+main process writes the dataset, writes of other threads, ndarray
+subclasses, share_in_place over reallocated tensors, fresh views every
+pass, and the shared memory itself (no name to leave behind, no /dev/shm
+size to hit).
+
+Datasets are module-level classes so that spawned workers can import them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import Dataset  # noqa: E402
+
+import leanloader as ll  # noqa: E402
+from leanloader.memory import process_tree_memory  # noqa: E402
+
+MIB = 1 << 20
+TORCH_METHODS = ("fork", "spawn")
+
+
+def _torch_loader(dataset, method: str, **options):
+    return torch.utils.data.DataLoader(
+        dataset, batch_size=4, num_workers=2, multiprocessing_context=method, **options
+    )
+
+
+def _ll_loader(dataset, **options):
+    return ll.DataLoader(dataset, batch_size=4, num_workers=2, **options)
+
+
+def _pass(loader) -> list[list[float]]:
+    return [batch.tolist() for batch in loader]
+
+
+# --- writes of the main process between passes --------------------------------------------
+
+
+class Labels(Dataset):
+    """Pseudo-labels in a 4 MiB array and a 4 MiB tensor, rewritten in place
+    between epochs (curriculum weights, self-training)."""
+
+    def __init__(self) -> None:
+        self.labels = np.zeros(MIB, dtype=np.float32)
+        self.weights = torch.zeros(MIB, dtype=torch.float32)
+
+    def relabel(self, value: float) -> None:
+        self.labels[:] = value
+        self.weights[:] = 10 * value
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int):
+        return torch.tensor([float(self.labels[i * 1000]), float(self.weights[i * 1000])])
+
+
+@pytest.mark.parametrize("persistent", [False, True], ids=["fresh", "persistent"])
+def test_a_pass_sees_the_main_process_writes_as_torch_workers_do(persistent):
+    seen = {}
+    for name in ("ll", *TORCH_METHODS):
+        dataset = Labels()
+        if name == "ll":
+            loader = _ll_loader(dataset, persistent_workers=persistent)
+        else:
+            loader = _torch_loader(dataset, name, persistent_workers=persistent)
+        passes = []
+        for epoch in range(3):
+            dataset.relabel(epoch + 1.0)
+            passes.append(_pass(loader))
+        if name == "ll":
+            loader.close()
+        seen[name] = passes
+    assert seen["ll"] == seen["fork"]
+    if not persistent:
+        assert seen["ll"] == seen["spawn"]
+    else:
+        # torch's spawn moves the dataset's tensors into shared memory when
+        # it pickles them, so its persistent workers see later writes to
+        # tensors (not to arrays); leanloader leaves the dataset as it was
+        # (the README names this)
+        assert [[row[0] for row in b[0]] for b in seen["spawn"]] == [[1.0] * 4] * 3
+    first = seen["ll"][0][0][0]
+    assert first == [1.0, 10.0]
+    # fresh workers see every update; persistent ones keep the first pass's
+    last = seen["ll"][2][0][0]
+    assert last == ([1.0, 10.0] if persistent else [3.0, 30.0])
+
+
+def test_an_unchanged_dataset_is_not_copied_again():
+    dataset = Labels()
+    loader = _ll_loader(dataset)
+    _pass(loader)
+    segments = {id(s) for s in loader.dataset_sharing().segments}
+    _pass(loader)
+    assert {id(s) for s in loader.dataset_sharing().segments} == segments
+    dataset.relabel(5.0)
+    assert _pass(loader)[0][0] == [5.0, 50.0]
+    # the superseded copies left: one current copy per array and tensor
+    assert len(loader.dataset_sharing().segments) == 2
+
+
+# --- writes of other threads --------------------------------------------------------------
+
+
+class Counters(Dataset):
+    def __init__(self) -> None:
+        self.counts = np.zeros(4 * MIB, dtype=np.int64)  # 32 MiB: a block of its own
+        self.tensor = torch.zeros(4 * MIB, dtype=torch.int64)
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):
+        return torch.tensor([int(self.counts[i]), int(self.tensor[i])])
+
+
+def test_no_write_of_another_thread_is_lost_while_loaders_share_the_dataset():
+    # A thread adds 1 to every element, again and again (NumPy and torch
+    # release the GIL inside the loop), while loaders start and share the
+    # arrays: every increment must land.
+    dataset = Counters()
+    stop = threading.Event()
+    rounds = [0]
+
+    backwards = dataset.counts[::-1]  # against the copy's direction: they cross
+
+    def writer() -> None:
+        while not stop.is_set():
+            np.add(backwards, 1, out=backwards)
+            dataset.tensor.add_(1)
+            rounds[0] += 1
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        for _ in range(8):
+            loader = _ll_loader(dataset, persistent_workers=False)
+            assert len(next(iter(loader))) == 4  # (the dataset is shared at iter())
+    finally:
+        stop.set()
+        thread.join()
+    assert rounds[0] > 0
+    assert int(dataset.counts.min()) == int(dataset.counts.max()) == rounds[0]
+    assert int(dataset.tensor.min()) == int(dataset.tensor.max()) == rounds[0]
+
+
+# --- types --------------------------------------------------------------------------------
+
+
+class Subclasses(Dataset):
+    def __init__(self) -> None:
+        data = np.arange(512 * 1024, dtype=np.float64).reshape(512, 1024)  # 4 MiB
+        self.masked = np.ma.masked_array(data, mask=data % 3 == 0)
+        self.matrix = np.matrix(np.eye(512) * 2.0)  # 2 MiB
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):
+        row = self.masked[i]
+        product = self.matrix * self.matrix  # matrix product for np.matrix
+        return torch.tensor(
+            [float(row.mean()), float(row.count()), float(product[i, i]),
+             float(isinstance(self.masked, np.ma.MaskedArray)),
+             float(isinstance(self.matrix, np.matrix))]
+        )  # fmt: skip
+
+
+def test_ndarray_subclasses_keep_their_type_as_with_torch():
+    dataset = Subclasses()
+    loader = _ll_loader(dataset)
+    ours = _pass(loader)
+    for method in TORCH_METHODS:
+        assert ours == _pass(_torch_loader(dataset, method))
+    assert ours[0][0][2] == 4.0 and ours[0][0][3] == ours[0][0][4] == 1.0
+
+
+# --- share_in_place over reallocated tensors ----------------------------------------------
+
+
+class Replaced(Dataset):
+    def __init__(self) -> None:
+        self.table = torch.zeros(MIB, dtype=torch.float32)
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):
+        return self.table[i : i + 2].clone()
+
+
+def test_share_in_place_never_hands_a_new_tensor_an_old_one_s_values():
+    dataset = Replaced()
+    loader = _ll_loader(dataset, share_in_place=True)
+    for epoch in range(4):
+        # a new tensor each epoch: it may land at a freed tensor's address
+        dataset.table = torch.full((MIB,), float(epoch))
+        assert float(dataset.table[5]) == float(epoch)
+        assert all(v == [float(epoch)] * 2 for batch in _pass(loader) for v in batch)
+        assert float(dataset.table[5]) == float(epoch)  # the main process's values too
+    loader.close()
+
+
+# --- fresh views each pass ----------------------------------------------------------------
+
+
+class FreshViews(Dataset):
+    """`__getstate__` returns new views of the same 16 MiB every time."""
+
+    def __init__(self) -> None:
+        self.base = np.ones((4 * MIB,), dtype=np.float32)
+
+    def __getstate__(self):
+        return {"base": self.base.reshape(-1, 1024)[:, :]}
+
+    def __setstate__(self, state) -> None:
+        self.base = state["base"]
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):
+        return torch.tensor([float(self.base.reshape(-1)[i])])
+
+
+def test_fresh_views_every_pass_do_not_grow_shared_memory():
+    dataset = FreshViews()
+    loader = _ll_loader(dataset)
+    held = []
+    for _ in range(5):
+        _pass(loader)
+        memory = process_tree_memory()
+        held.append(memory["fd_shmem_bytes"] + memory["pss_shmem_bytes"])
+    assert len(loader.dataset_sharing().segments) == 1
+    assert held[-1] <= held[1] + 4 * MIB, held
+
+
+# --- the shared memory itself -------------------------------------------------------------
+
+CREATE_FOREVER = textwrap.dedent(
+    """
+    import sys
+    from leanloader import _core
+    print("ready", flush=True)
+    while True:
+        _core.SharedSegment.create(1 << 20, sys.argv[1])
+    """
+)
+
+
+def test_a_sigkill_while_creating_segments_leaves_nothing(tmp_path):
+    if not Path("/dev/shm").is_dir():
+        pytest.skip("no /dev/shm")
+    directory = Path("/dev/shm") / f"leanloader-test-{os.getpid()}"
+    directory.mkdir()
+    try:
+        for attempt in range(20):
+            child = subprocess.Popen(
+                [sys.executable, "-c", CREATE_FOREVER, str(directory)], stdout=subprocess.PIPE
+            )
+            assert child.stdout.readline().strip() == b"ready"
+            time.sleep(0.01 * (attempt % 5))
+            child.send_signal(signal.SIGKILL)
+            child.wait()
+            child.stdout.close()
+            assert os.listdir(directory) == []
+    finally:
+        for leftover in directory.iterdir():
+            leftover.unlink()
+        directory.rmdir()
+
+
+SMALL_SHM = textwrap.dedent(
+    """
+    import subprocess, sys
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", "/dev/shm"], check=True)
+    sys.path.insert(0, {tests!r})
+    import numpy as np, torch
+    import leanloader as ll
+    from test_dataset_sharing import ManyArrays
+
+    if __name__ == "__main__":
+        dataset = ManyArrays(count=50, elements=1 << 20)  # 50 x 4 MiB = 200 MiB
+        ours = [b.tolist() for b in ll.DataLoader(dataset, batch_size=5, num_workers=2)]
+        theirs = [b.tolist() for b in torch.utils.data.DataLoader(
+            dataset, batch_size=5, num_workers=2, multiprocessing_context="fork")]
+        assert ours == theirs, (ours[:2], theirs[:2])
+        print("same", len(ours))
+    """
+)
+
+
+class ManyArrays(Dataset):
+    def __init__(self, count: int, elements: int) -> None:
+        self.arrays = [np.full(elements, i, dtype=np.float32) for i in range(count)]
+
+    def __len__(self) -> int:
+        return len(self.arrays)
+
+    def __getitem__(self, i: int):
+        return torch.tensor([float(self.arrays[i][-1]), float(self.arrays[i].size)])
+
+
+def test_arrays_larger_than_a_small_dev_shm_reach_the_workers():
+    # Docker's and Kubernetes' default /dev/shm is 64 MiB: a private mount
+    # namespace with one that size.
+    if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
+        pytest.skip("cannot make a mount namespace here (needs root / CAP_SYS_ADMIN)")
+    script = SMALL_SHM.format(tests=str(Path(__file__).parent))
+    result = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", sys.executable, "-c", script],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "same 10" in result.stdout
