@@ -126,12 +126,13 @@ void bind_image(nb::module_& m) {
   m.def(
       "decode_image",
       [](nb::bytes data, const std::string& mode, uint64_t max_pixels, bool accept_corrupt_jpeg,
-         bool exif_orientation) {
+         bool exif_orientation, const std::string& name) {
         const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(data.c_str()),
                                                data.size());
         const DecodeOptions options =
             decode_options(mode, max_pixels, accept_corrupt_jpeg, exif_orientation);
         Tensor tensor;
+        bool corrupt_data = false;
         {
           nb::gil_scoped_release release;
           const ImageInfo info = read_image_info(bytes, options);
@@ -139,14 +140,17 @@ void bind_image(nb::module_& m) {
           const size_t size = static_cast<size_t>(info.width) * static_cast<size_t>(info.height) *
                               static_cast<size_t>(channels);
           auto storage = HeapStorage::allocate(size);
-          decode_image_into(bytes, info, options,
-                            {reinterpret_cast<uint8_t*>(storage->data()), size});
+          corrupt_data = decode_image_into(bytes, info, options,
+                                           {reinterpret_cast<uint8_t*>(storage->data()), size});
           tensor = Tensor(storage, 0, DType::kU8, {info.height, info.width, channels});
         }
-        return tensor_to_python(tensor, OutputFramework::kNumpy);
+        return nb::make_tuple(tensor_to_python(tensor, OutputFramework::kNumpy),
+                              corrupt_data ? corrupt_jpeg_warning(name) : std::string());
       },
       nb::arg("data"), nb::arg("mode"), nb::arg("max_pixels"), nb::arg("accept_corrupt_jpeg"),
-      nb::arg("exif_orientation"), "Decodes image bytes to an (H, W, C) uint8 array.");
+      nb::arg("exif_orientation"), nb::arg("name"),
+      "Decodes image bytes to (an (H, W, C) uint8 array, the warning for corrupt JPEG data "
+      "naming `name`, or '').");
 
   m.def(
       "image_file_format",

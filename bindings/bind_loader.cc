@@ -167,6 +167,7 @@ void bind_loader(nb::module_& m) {
         out["window_wait_s"] = static_cast<double>(s.window_wait_ns) * 1e-9;
         out["samples_read"] = s.samples_read;
         out["samples_skipped"] = s.samples_skipped;
+        out["samples_warned"] = s.samples_warned;
         out["batches_delivered"] = s.batches_delivered;
         out["slots_total"] = s.slots_total;
         out["slots_in_use"] = s.slots_in_use;

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import glob as _glob
 import os
+import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -195,7 +196,7 @@ class _ImageSource(_core.ImageSource):
         layout: str = "CHW",
         dtype: Any = None,
         max_pixels: int | None = MAX_IMAGE_PIXELS,
-        accept_corrupt_jpeg: bool = False,
+        accept_corrupt_jpeg: bool = True,
         exif_orientation: bool = False,
         dct_scaling: bool = True,
     ):
@@ -250,8 +251,13 @@ class Images(_ImageSource):
     Bad files raise errors naming the file, the sample and the stage
     (``decode``); ``max_pixels`` (default Pillow's ``MAX_IMAGE_PIXELS``;
     ``None``: no limit) refuses decompression bombs from the header;
-    ``accept_corrupt_jpeg=True`` decodes JPEGs with recoverable corruption, as
-    Pillow does; ``exif_orientation=True`` applies the EXIF orientation.
+    JPEGs with corrupt data that libjpeg works around are decoded, as Pillow
+    decodes them, with a ``RuntimeWarning`` naming the file (once per file) and
+    counted in ``Loader.stats()["samples_warned"]``;
+    ``accept_corrupt_jpeg=False`` refuses them instead. A truncated file is
+    refused either way, as Pillow refuses it, and whatever region a random
+    crop decodes (the whole file is read). ``exif_orientation=True`` applies
+    the EXIF orientation.
     ``dct_scaling=False`` decodes JPEGs at full size even when a resize
     follows (slower, pixels as a full decode).
     """
@@ -334,21 +340,27 @@ def decode_image(
     data: bytes | str | os.PathLike,
     mode: str = "RGB",
     max_pixels: int | None = MAX_IMAGE_PIXELS,
-    accept_corrupt_jpeg: bool = False,
+    accept_corrupt_jpeg: bool = True,
     exif_orientation: bool = False,
 ):
     """Decodes a JPEG, PNG or WebP (bytes or a path) to an (H, W, C) uint8 NumPy
-    array, as ``Images`` does."""
+    array, as ``Images`` does (a JPEG with corrupt data libjpeg works around
+    is decoded with a ``RuntimeWarning``, as Pillow decodes it;
+    ``accept_corrupt_jpeg=False`` refuses it)."""
     path = None
     if not isinstance(data, (bytes, bytearray, memoryview)):
         path = os.fspath(data)
         with open(path, "rb") as file:
             data = file.read()
     try:
-        return _core.decode_image(
-            bytes(data), mode, max_pixels or 0, accept_corrupt_jpeg, exif_orientation
-        )
+        pixels, warning = _core.decode_image(
+            bytes(data), mode, max_pixels or 0, accept_corrupt_jpeg, exif_orientation,
+            "image bytes" if path is None else f"'{path}'",
+        )  # fmt: skip
     except ValueError as error:  # FormatError, InvalidArgument: the message names the file
         if path is None:
             raise
         raise type(error)(f"'{path}': {error}") from None
+    if warning:
+        warnings.warn(warning, RuntimeWarning, stacklevel=2)
+    return pixels

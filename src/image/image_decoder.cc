@@ -127,19 +127,20 @@ size_t image_bytes(int64_t width, int64_t height, int channels) {
   return *bytes;
 }
 
-void decode_whole(std::span<const std::byte> bytes, ImageFormat format, StoredSize size,
+// Returns DecodedImage::corrupt_data.
+bool decode_whole(std::span<const std::byte> bytes, ImageFormat format, StoredSize size,
                   const DecodeOptions& options, std::span<uint8_t> dst) {
-  DecodedImage unused;
+  DecodedImage notes;
   switch (format) {
     case ImageFormat::kJpeg:
-      detail::jpeg_decode(bytes, options, {0, 0, size.width, size.height}, 0, 0, unused, dst);
-      return;
+      detail::jpeg_decode(bytes, options, {0, 0, size.width, size.height}, 0, 0, notes, dst);
+      return notes.corrupt_data;
     case ImageFormat::kPng:
       detail::png_decode(bytes, options, size, dst);
-      return;
+      return false;
     case ImageFormat::kWebp:
       detail::webp_decode(bytes, options, size, {0, 0, size.width, size.height}, dst);
-      return;
+      return false;
     case ImageFormat::kUnknown:
       break;
   }
@@ -212,6 +213,7 @@ void decode_image(std::span<const std::byte> bytes, const ImageInfo& info,
   const StoredSize size = stored_size(info);
   const PixelBox stored = stored_box(box, size, info.orientation);
   const int channels = color_mode_channels(options.mode);
+  out.corrupt_data = false;
   if (info.format == ImageFormat::kJpeg) {
     const bool turned = turns(info.orientation);
     detail::jpeg_decode(bytes, options, stored, turned ? request.min_height : request.min_width,
@@ -234,7 +236,7 @@ void decode_image(std::span<const std::byte> bytes, const ImageInfo& info,
     cut(out, {stored.x - x0, stored.y - y0, stored.width, stored.height});
   } else {
     out.pixels.resize(image_bytes(size.width, size.height, channels));
-    decode_whole(bytes, info.format, size, options, out.pixels);
+    out.corrupt_data = decode_whole(bytes, info.format, size, options, out.pixels);
     out.width = size.width;
     out.height = size.height;
     out.channels = channels;
@@ -265,7 +267,14 @@ void decode_image(std::span<const std::byte> bytes, const ImageInfo& info,
   out.region = box;
 }
 
-void decode_image_into(std::span<const std::byte> bytes, const ImageInfo& info,
+std::string corrupt_jpeg_warning(const std::string& file) {
+  return file +
+         ": corrupt JPEG data, decoded as Pillow decodes it (libjpeg worked around it; the "
+         "pixels after the damage may be grey or shifted). accept_corrupt_jpeg=False refuses "
+         "such files.";
+}
+
+bool decode_image_into(std::span<const std::byte> bytes, const ImageInfo& info,
                        const DecodeOptions& options, std::span<uint8_t> dst) {
   const int channels = color_mode_channels(options.mode);
   if (dst.size() != image_bytes(info.width, info.height, channels)) {
@@ -273,14 +282,13 @@ void decode_image_into(std::span<const std::byte> bytes, const ImageInfo& info,
                           " bytes, the image needs " +
                           std::to_string(image_bytes(info.width, info.height, channels)));
   }
-  if (info.orientation <= 1) {
-    decode_whole(bytes, info.format, stored_size(info), options, dst);
-    return;
-  }
+  if (info.orientation <= 1)
+    return decode_whole(bytes, info.format, stored_size(info), options, dst);
   thread_local DecodedImage decoded;
   const detail::ScratchTrim<uint8_t, 1> trim({&decoded.pixels});
   decode_image(bytes, info, options, {}, decoded);
   std::copy(decoded.pixels.begin(), decoded.pixels.end(), dst.begin());
+  return decoded.corrupt_data;
 }
 
 }  // namespace leanloader

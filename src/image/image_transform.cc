@@ -563,7 +563,8 @@ void ImageTransform::run(std::span<const std::byte> bytes, const ImageInfo& info
   // as decoded.
   if (ops.empty() && !params.flipped && output_.dtype == DType::kU8 &&
       output_.layout == ImageLayout::kHWC) {
-    decode_image_into(bytes, info, options, {reinterpret_cast<uint8_t*>(dst.data()), dst.size()});
+    params.corrupt_data = decode_image_into(bytes, info, options,
+                                            {reinterpret_cast<uint8_t*>(dst.data()), dst.size()});
     params.decode_scale = 1.0;
     return;
   }
@@ -592,12 +593,14 @@ void ImageTransform::run(std::span<const std::byte> bytes, const ImageInfo& info
     decode_image(bytes, info, options, request, decoded);
   } else {  // the region lies in the padding only: nothing to decode
     decoded.pixels.clear();
+    decoded.corrupt_data = false;
     decoded.width = decoded.height = 0;
     decoded.channels = channels_;
     decoded.scale = 1.0;
     decoded.region_x = decoded.region_y = decoded.region_width = decoded.region_height = 0;
   }
   params.decode_scale = decoded.scale;
+  params.corrupt_data = decoded.corrupt_data;
 
   View view{decoded.pixels.data(), decoded.width, decoded.height, decoded.channels,
             static_cast<size_t>(decoded.width) * static_cast<size_t>(decoded.channels)};

@@ -100,7 +100,7 @@ void convert_pixels(const uint8_t* in, int in_channels, bool inverted_cmyk, uint
   if (errors.corrupt_data) {
     message +=
         " (corrupt data that libjpeg, and Pillow, decode with a warning; "
-        "pass accept_corrupt_jpeg=True to decode it)";
+        "accept_corrupt_jpeg=True, the default, decodes it)";
   }
   throw FormatError(message);
 }
@@ -131,6 +131,7 @@ void jpeg_decode(std::span<const std::byte> bytes, const DecodeOptions& options,
                  const PixelBox& box, int64_t min_width, int64_t min_height, DecodedImage& out,
                  std::span<uint8_t> dst) {
   const int channels = color_mode_channels(options.mode);
+  out.corrupt_data = false;
   std::vector<uint8_t> row;  // one scanline when it needs converting or cutting
   jpeg_decompress_struct cinfo;
   JpegErrors errors;
@@ -240,9 +241,34 @@ void jpeg_decode(std::span<const std::byte> bytes, const DecodeOptions& options,
                      static_cast<size_t>(width));
     }
   }
-  // Reading to the end marker reports corrupt data after the last row (as
-  // Pillow's full decode sees it); a region that ends earlier stops here.
-  if (y1 == scaled_height) jpeg_finish_decompress(&cinfo);
+  // The rows below the region are read too, entropy-decoded only (no IDCT,
+  // upsampling or colour conversion: jpeg_skip_scanlines, short of the end,
+  // where it would stop reading), then the last row and the end marker:
+  // whether a file decodes, and the corrupt data it holds, are the whole
+  // file's, as in Pillow's full decode, whatever region a random crop asks
+  // for. (A progressive file is read whole by jpeg_start_decompress.)
+  if (y1 < scaled_height) {
+    const auto below = static_cast<JDIMENSION>(scaled_height - y1);
+    if (below > 1) jpeg_skip_scanlines(&cinfo, below - 1);
+    if (cinfo.output_scanline < cinfo.output_height) {
+      if (row.empty()) {
+        try {
+          row.resize(static_cast<size_t>(crop_width) * static_cast<size_t>(components));
+        } catch (...) {
+          jpeg_destroy_decompress(&cinfo);
+          throw;
+        }
+      }
+      JSAMPROW rows[1] = {row.data()};
+      if (jpeg_read_scanlines(&cinfo, rows, 1) != 1) {
+        std::strcpy(errors.message, "no scanline read (truncated data)");
+        jpeg_destroy_decompress(&cinfo);
+        throw_jpeg(errors);
+      }
+    }
+  }
+  jpeg_finish_decompress(&cinfo);
+  out.corrupt_data = cinfo.err->num_warnings > 0;
   jpeg_destroy_decompress(&cinfo);
   out.width = width;
   out.height = height;

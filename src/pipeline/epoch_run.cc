@@ -39,6 +39,16 @@ class EpochRun::RowWriter final : public SampleWriter {
 
   SampleContext context() const override { return {run_.plan_.options.seed, run_.plan_.epoch}; }
 
+  void warn(std::string message) override {
+    LoaderCounters& counters = *run_.plan_.counters;
+    {
+      std::lock_guard lock(counters.warned_mutex);
+      counters.warned_samples.insert(state_.indices[static_cast<size_t>(row_)]);
+    }
+    std::lock_guard lock(state_.warnings_mutex);
+    state_.warnings.push_back(std::move(message));
+  }
+
   std::span<std::byte> field_buffer(size_t field, const Shape& shape) override {
     const auto& fields = run_.plan_.source->fields();
     if (field >= fields.size()) {
@@ -346,6 +356,11 @@ void EpochRun::finalize(BatchState& state) {
   }
   if (state.batch == 0) {
     result.warnings.insert(result.warnings.end(), plan_.warnings.begin(), plan_.warnings.end());
+  }
+  {
+    std::lock_guard lock(state.warnings_mutex);
+    for (std::string& warning : state.warnings) result.warnings.push_back(std::move(warning));
+    state.warnings.clear();
   }
   if (auto warning = plan_.window->take_warning()) result.warnings.push_back(*warning);
   if (plan_.pool->take_overflow_warning()) {

@@ -21,6 +21,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "leanloader/core/error.h"
@@ -39,6 +40,9 @@ struct LoaderCounters {
   std::atomic<uint64_t> batches_delivered{0};
   std::atomic<uint64_t> heap_fallback_bytes{0};
   std::atomic<size_t> batches_in_flight{0};
+  // Distinct samples that warned (SampleWriter::warn) since construction.
+  std::mutex warned_mutex;
+  std::unordered_set<int64_t> warned_samples;
 };
 
 // Everything an EpochRun needs from its Loader, fixed for the run.
@@ -84,6 +88,8 @@ class EpochRun final : public Job {
     std::vector<uint8_t> skipped;
     std::vector<std::vector<Tensor>> row_tensors;  // collate=list: [row][field]
     std::optional<SampleError> error;              // lowest failing row wins
+    std::mutex warnings_mutex;                     // rows warn from several threads
+    std::vector<std::string> warnings;
     int64_t error_row = -1;
     bool slot_ready = false;  // the opener has taken (or failed to take) the slot
     bool ready = false;

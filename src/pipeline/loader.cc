@@ -306,6 +306,10 @@ LoaderStats Loader::stats() const {
   stats.window_wait_ns = counters_->window_wait_ns;
   stats.samples_read = counters_->samples_read;
   stats.samples_skipped = counters_->samples_skipped;
+  {
+    std::lock_guard lock(counters_->warned_mutex);
+    stats.samples_warned = counters_->warned_samples.size();
+  }
   stats.batches_delivered = counters_->batches_delivered;
   stats.heap_fallback_bytes = counters_->heap_fallback_bytes;
   stats.overflow_slots_total = pool_->overflow_total();

@@ -633,19 +633,34 @@ def test_skip_mode_counts_bad_files_and_lenient_jpeg(tmp_path):
         decode(paths[4], max_pixels=1000)
 
 
-def test_corrupt_jpeg_data_is_an_error_unless_accepted(tmp_path):
+def test_corrupt_jpeg_data_is_decoded_as_pillow_does_with_a_warning_or_refused_on_request(
+    tmp_path,
+):
     path = tmp_path / "x.jpg"
     natural_image(40, 40).save(path, quality=90)
     data = path.read_bytes()
     end_of_app0 = 4 + int.from_bytes(data[4:6], "big")
     path.write_bytes(data[:end_of_app0] + b"\x12\x34" + data[end_of_app0:])
+    with pytest.warns(RuntimeWarning, match="corrupt JPEG data, decoded as Pillow") as warned:
+        np.testing.assert_array_equal(decode(path), pillow_rgb(path))
+    assert str(path) in str(warned[0].message)
+    assert "accept_corrupt_jpeg=False" in str(warned[0].message)  # the option that refuses it
     with pytest.raises(ll.FormatError, match="Corrupt JPEG data") as refused:
-        decode(path)
+        decode(path, accept_corrupt_jpeg=False)
     assert "accept_corrupt_jpeg=True" in str(refused.value)  # the option that accepts it
-    np.testing.assert_array_equal(decode(path, accept_corrupt_jpeg=True), pillow_rgb(path))
-    with pytest.raises(ll.FormatError) as named:
-        ll.decode_image(path)
-    assert str(named.value).startswith(f"'{path}': JPEG: Corrupt JPEG data")
+    assert str(refused.value).startswith(f"'{path}': JPEG: Corrupt JPEG data")
+    # In a loader: decoded, one warning naming the file (Python's registry
+    # shows it once), and the sample counted once over two epochs.
+    source = ll.Images([path] * 3, transform=[ll.RandomResizedCrop(16)])
+    loader = ll.Loader(source, batch_size=3, num_threads=2, output="numpy")
+    with pytest.warns(RuntimeWarning, match="corrupt JPEG data") as warned:
+        for _ in range(2):
+            assert sum(len(batch["image"]) for batch in loader) == 3
+    assert all(str(path) in str(w.message) for w in warned)
+    assert loader.stats()["samples_warned"] == 3
+    strict = ll.Images([path], transform=[ll.RandomResizedCrop(16)], accept_corrupt_jpeg=False)
+    with pytest.raises(ll.FormatError, match="accept_corrupt_jpeg=True"):
+        list(ll.Loader(strict, batch_size=1, output="numpy"))
 
 
 # -- TensorCache ------------------------------------------------------------------

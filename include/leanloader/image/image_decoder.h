@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "leanloader/image/image_format.h"
@@ -41,9 +42,10 @@ struct DecodeOptions {
   // before decoding. 0: no limit.
   uint64_t max_pixels = kDefaultMaxImagePixels;
   // libjpeg-turbo reports corrupt data it can work around (bad Huffman
-  // codes, a missing end marker, extra bytes) as warnings. false: each is an
-  // error. true: decode on, as Pillow does.
-  bool accept_corrupt_jpeg = false;
+  // codes, extra bytes) as warnings. true: decode on, as Pillow does (and say
+  // so: DecodedImage::corrupt_data). false: each is an error. A file that
+  // ends early is an error either way, as in Pillow.
+  bool accept_corrupt_jpeg = true;
   // Rotate/flip by the EXIF orientation tag (JPEG APP1, PNG eXIf, WebP
   // EXIF), as Pillow's ImageOps.exif_transpose. Off by default, as in PIL and
   // torchvision.
@@ -103,6 +105,9 @@ struct DecodedImage {
   double region_y = 0;
   double region_width = 0;
   double region_height = 0;
+  // JPEG: libjpeg worked around corrupt data somewhere in the file (only
+  // with accept_corrupt_jpeg; the whole file is read whatever the region).
+  bool corrupt_data = false;
 };
 
 // Decodes `request.region` of the image into `out`. `info` must come from
@@ -111,10 +116,14 @@ struct DecodedImage {
 void decode_image(std::span<const std::byte> bytes, const ImageInfo& info,
                   const DecodeOptions& options, const DecodeRequest& request, DecodedImage& out);
 
+// What the user is told of a JPEG decoded through corrupt data: the file
+// (or "image bytes"), what happened and the option that refuses such files.
+std::string corrupt_jpeg_warning(const std::string& file);
+
 // Decodes the whole image at full size straight into `dst`, which must hold
 // exactly width x height x channels bytes (no intermediate copy when no
-// orientation change is needed).
-void decode_image_into(std::span<const std::byte> bytes, const ImageInfo& info,
+// orientation change is needed). Returns DecodedImage::corrupt_data.
+bool decode_image_into(std::span<const std::byte> bytes, const ImageInfo& info,
                        const DecodeOptions& options, std::span<uint8_t> dst);
 
 }  // namespace leanloader

@@ -79,6 +79,7 @@ struct TransformParams {
   int64_t output_width = 0;
   int64_t output_height = 0;
   double decode_scale = 1.0;  // JPEG DCT scaling used (1 = full size)
+  bool corrupt_data = false;  // decoded through corrupt JPEG data (DecodedImage::corrupt_data)
 };
 
 class ImageTransform {
@@ -105,7 +106,7 @@ class ImageTransform {
 
   // Decodes and transforms one image into `dst` (exactly the bytes of
   // output_shape(params.output_height, params.output_width) in the output
-  // dtype). `params` comes from plan(); its decode_scale is filled in.
+  // dtype). `params` comes from plan(); its decode_scale and corrupt_data are filled in.
   // `scratch` holds decoded pixels between calls (keep one per thread).
   // Decoding errors are FormatError; they are thrown before `dst` is written.
   void run(std::span<const std::byte> bytes, const ImageInfo& info, const DecodeOptions& options,

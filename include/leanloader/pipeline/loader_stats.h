@@ -15,6 +15,7 @@ struct LoaderStats {
   uint64_t window_wait_ns = 0;  // worker threads held back by the prefetch window, summed
   uint64_t samples_read = 0;
   uint64_t samples_skipped = 0;
+  uint64_t samples_warned = 0;  // distinct samples read with a warning (SampleWriter::warn)
   uint64_t batches_delivered = 0;
   uint64_t overflow_slots_total = 0;
   uint64_t heap_fallback_bytes = 0;  // collate=list samples that did not fit their slot

@@ -58,6 +58,11 @@ class SampleWriter {
   // does not fit the batch (e.g. differs from the other samples of a stacked
   // batch).
   virtual std::span<std::byte> field_buffer(size_t field, const Shape& shape) = 0;
+  // The sample was read, but the user should hear about it (an image
+  // decoded through corrupt data, as Pillow decodes it): the message, which
+  // names the file, reaches the user with the sample's batch, and the
+  // loader counts the sample once (stats().samples_warned). Default: dropped.
+  virtual void warn(std::string message) { (void)message; }
 };
 
 class Source {

@@ -218,17 +218,46 @@ TEST(ImageDecoderTest, BadBytesAreFormatErrors) {
   EXPECT_THROW(decode({'n', 'o', 't', ' ', 'a', 'n', ' ', 'i', 'm', 'a', 'g', 'e'}), FormatError);
 }
 
-TEST(ImageDecoderTest, CorruptJpegDataIsAnErrorUnlessAccepted) {
+TEST(ImageDecoderTest, CorruptJpegDataIsDecodedAsPillowDoesUnlessStrict) {
   const auto rgb = pattern(64, 64);
   auto file = encode_jpeg(rgb, 64, 64, 3);
   // Bytes between markers: libjpeg-turbo warns ("Corrupt JPEG data: 2
-  // extraneous bytes before marker 0xdb") and goes on.
+  // extraneous bytes before marker 0xdb") and goes on, as Pillow does.
   const size_t app0_end = 4 + (size_t(file[4]) << 8 | file[5]);  // SOI, APP0
   file.insert(file.begin() + std::ptrdiff_t(app0_end), {0x12, 0x34});
-  EXPECT_THROW(decode(file), FormatError);
-  DecodeOptions lenient;
-  lenient.accept_corrupt_jpeg = true;
-  EXPECT_EQ(decode(file, lenient).width, 64);
+  const DecodedImage decoded = decode(file);
+  EXPECT_EQ(decoded.width, 64);
+  EXPECT_TRUE(decoded.corrupt_data);
+  EXPECT_FALSE(decode(encode_jpeg(rgb, 64, 64, 3)).corrupt_data);
+  DecodeOptions strict;
+  strict.accept_corrupt_jpeg = false;
+  EXPECT_THROW(decode(file, strict), FormatError);
+}
+
+// Where the damage lies below the region a crop asks for, the rows are
+// still read: the outcome is the whole file's whatever the region.
+TEST(ImageDecoderTest, ARegionDecodeHasTheWholeFilesOutcome) {
+  const int w = 64, h = 256;
+  const auto rgb = pattern(w, h);
+  const auto file = encode_jpeg(rgb, w, h, 3);
+  const std::vector<uint8_t> truncated(file.begin(), file.begin() + file.size() * 9 / 10);
+  // A stray marker in the last rows' entropy data ("Corrupt JPEG data:
+  // premature end of data segment"): decodable, with a warning.
+  std::vector<uint8_t> damaged = file;
+  damaged.insert(damaged.end() - 40, {0xFF, 0xD3});
+  DecodeOptions strict;
+  strict.accept_corrupt_jpeg = false;
+  for (const PixelBox box :
+       {PixelBox{0, 0, 16, 16}, PixelBox{8, 40, 32, 32}, PixelBox{0, 0, w, h}}) {
+    for (const int64_t min_side : {int64_t{0}, int64_t{4}}) {
+      const DecodeRequest request{box, min_side, min_side};
+      EXPECT_THROW(decode(truncated, {}, request), FormatError) << box.y;
+      EXPECT_THROW(decode(truncated, strict, request), FormatError) << box.y;
+      EXPECT_TRUE(decode(damaged, {}, request).corrupt_data) << box.y;
+      EXPECT_THROW(decode(damaged, strict, request), FormatError) << box.y;
+      EXPECT_FALSE(decode(file, strict, request).corrupt_data) << box.y;
+    }
+  }
 }
 
 TEST(ImageDecoderTest, ExifOrientationTurnsTheImage) {
