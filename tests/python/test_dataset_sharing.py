@@ -34,12 +34,12 @@ TORCH_METHODS = ("fork", "spawn")
 
 def _torch_loader(dataset, method: str, **options):
     return torch.utils.data.DataLoader(
-        dataset, batch_size=4, num_workers=2, multiprocessing_context=method, **options
+        dataset, batch_size=4, num_workers=1, multiprocessing_context=method, **options
     )
 
 
 def _ll_loader(dataset, **options):
-    return ll.DataLoader(dataset, batch_size=4, num_workers=2, **options)
+    return ll.DataLoader(dataset, batch_size=4, num_workers=1, **options)
 
 
 def _pass(loader) -> list[list[float]]:
@@ -147,9 +147,10 @@ def test_no_write_of_another_thread_is_lost_while_loaders_share_the_dataset():
     thread = threading.Thread(target=writer)
     thread.start()
     try:
-        for _ in range(8):
-            loader = _ll_loader(dataset, persistent_workers=False)
-            assert len(next(iter(loader))) == 4  # (the dataset is shared at iter())
+        loader = _ll_loader(dataset, persistent_workers=False)
+        for _ in range(10):
+            loader.setup_bytes()  # what each pass's iter() sends its workers
+        assert len(next(iter(loader))) == 4
     finally:
         stop.set()
         thread.join()
