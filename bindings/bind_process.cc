@@ -16,6 +16,7 @@
 #include "bindings.h"
 #include "leanloader/device/device_read_fence.h"
 #include "leanloader/device/host_pinning.h"
+#include "leanloader/workers/file_backing.h"
 #include "leanloader/workers/shared_copy.h"
 #include "leanloader/workers/shared_records.h"
 #include "leanloader/workers/shared_segment.h"
@@ -141,6 +142,21 @@ void bind_process(nb::module_& m) {
       },
       nb::arg("source"), nb::arg("copy"), nb::arg("bytes"),
       "Whether `bytes` bytes at `source` equal those at `copy` (a shared copy made earlier).");
+  m.def(
+      "file_backing",
+      [](uintptr_t address, size_t bytes) -> nb::object {
+        std::optional<FileBacking> backing;
+        {
+          nb::gil_scoped_release release;
+          backing = file_backing(reinterpret_cast<const void*>(address), bytes);
+        }
+        if (!backing) return nb::none();
+        return nb::make_tuple(backing->path, backing->offset, backing->device, backing->inode,
+                              backing->shared);
+      },
+      nb::arg("address"), nb::arg("bytes"),
+      "(path, file offset, st_dev, st_ino, shared) when `bytes` bytes at `address` are a "
+      "file's bytes still (mapped shared, read-only, or private and unwritten); else None.");
   m.def(
       "page_sharing_refusal",
       [](uintptr_t address, size_t bytes) {

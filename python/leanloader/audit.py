@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from leanloader import _core
 from leanloader.units import format_bytes
 
 # Arrays and tensors at least this large are shared once by ll.DataLoader.
@@ -207,8 +208,10 @@ def audit(dataset: Any, *, threshold: int = REPORT_THRESHOLD_BYTES) -> AuditRepo
 
 def _audit_value(path: str, value: Any, threshold: int, np: Any, torch: Any) -> AuditEntry | None:
     if isinstance(value, np.ndarray):
-        if isinstance(value, np.memmap) or _is_file_backed(value):
-            return None  # re-mapped by each worker under ll.DataLoader (page cache)
+        from leanloader.dataloader.sharing import file_array_reference
+
+        if file_array_reference(value, threshold) is not None:
+            return None  # mapped again by each worker under ll.DataLoader (page cache)
         if value.nbytes < threshold:
             return None
         what = f"numpy.ndarray {value.dtype} {tuple(value.shape)}"
@@ -240,9 +243,13 @@ def _audit_value(path: str, value: Any, threshold: int, np: Any, torch: Any) -> 
             )  # fmt: skip
         if size < threshold:
             return None
+        storage = value.untyped_storage()
+        if _core.file_backing(storage.data_ptr(), storage.nbytes()) is not None:
+            how = "mapped again from its file by ll.DataLoader's workers: nothing copied"
+        else:
+            how = "shared once in shared memory (by torch and by ll.DataLoader)"
         return AuditEntry(
-            path, f"torch.Tensor {value.dtype} {tuple(value.shape)}", 0, 0,
-            "", "shared once in shared memory (by torch and by ll.DataLoader)",
+            path, f"torch.Tensor {value.dtype} {tuple(value.shape)}", 0, 0, "", how,
         )  # fmt: skip
     if _is_handle(value):
         fix = (
@@ -294,17 +301,6 @@ def _holds_python_objects(value: Any) -> bool:
         if isinstance(item, (dict, tuple, list, str, bytes, int, float)):
             return True
         if hasattr(item, "__dict__") and not _is_module(item):
-            return True
-    return False
-
-
-def _is_file_backed(array: Any) -> bool:
-    import mmap
-
-    base = array
-    while getattr(base, "base", None) is not None:
-        base = base.base
-        if isinstance(base, mmap.mmap):
             return True
     return False
 

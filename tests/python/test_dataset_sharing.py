@@ -328,3 +328,66 @@ def test_arrays_larger_than_a_small_dev_shm_reach_the_workers():
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "same 10" in result.stdout
+
+
+# --- what is a file stays a file ----------------------------------------------------------
+
+
+class FileViews(Dataset):
+    """A train split of a token file (a memmap slice, reshaped), a tensor of
+    torch.load(mmap=True) and one of ll.load_safetensors: 48 MiB of files."""
+
+    def __init__(self, directory: Path) -> None:
+        tokens = directory / "tokens.bin"
+        np.arange(8 * MIB, dtype=np.int32).tofile(tokens)  # 32 MiB
+        self.split = np.memmap(tokens, dtype=np.int32, mode="r")[2 * MIB : 6 * MIB].reshape(
+            -1, 1024
+        )
+        torch.save({"w": torch.arange(2 * MIB, dtype=torch.float32)}, directory / "w.pt")
+        self.weights = torch.load(directory / "w.pt", mmap=True)["w"]  # 8 MiB
+        ll.save_safetensors(directory / "e.st", {"e": np.full((MIB,), 3, dtype=np.float64)})
+        self.embeddings = ll.load_safetensors(directory / "e.st", output="torch")["e"]
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):
+        return torch.tensor(
+            [float(self.split[i * 100, 7]), float(self.weights[i * 1000]),
+             float(self.embeddings[i]), float(isinstance(self.split, np.memmap))]
+        )  # fmt: skip
+
+
+def test_memmap_views_and_mapped_tensors_reach_workers_as_their_files(tmp_path):
+    dataset = FileViews(tmp_path)
+    before = process_tree_memory()
+    loader = _ll_loader(dataset, persistent_workers=True)
+    ours = _pass(loader)
+    held = process_tree_memory()
+    # Nothing was copied into shared memory: each worker mapped the files.
+    assert loader.dataset_sharing().segments == []
+    assert len(loader.setup_bytes()) < 16 * 1024
+    shmem = (held["fd_shmem_bytes"] + held["pss_shmem_bytes"]) - (
+        before["fd_shmem_bytes"] + before["pss_shmem_bytes"]
+    )
+    assert shmem < 4 * MIB, shmem  # (batches only; the files are 48 MiB)
+    loader.close()
+    assert ours == _pass(_torch_loader(dataset, "fork"))
+    assert ours[0][0] == [2 * MIB + 7.0, 0.0, 3.0, 1.0]
+    # ll.audit says what sharing does: nothing to send for any of them.
+    report = ll.audit(dataset, threshold=1)
+    entries = {entry.path.rsplit(".", 1)[-1]: entry for entry in report.entries}
+    assert "split" not in entries
+    assert "mapped again from its file" in entries["weights"].fix
+    assert "mapped again from its file" in entries["embeddings"].fix
+
+
+def test_a_memmap_written_in_private_is_copied_with_its_writes(tmp_path):
+    path = tmp_path / "private.bin"
+    np.zeros(MIB, dtype=np.float32).tofile(path)
+    dataset = Labels()
+    dataset.labels = np.memmap(path, dtype=np.float32, mode="c")  # copy-on-write
+    dataset.labels[:] = 9.0  # private pages: the file still holds zeros
+    assert ll.audit(dataset, threshold=1).entries[0].path.endswith("labels")
+    rows = _pass(_ll_loader(dataset))
+    assert rows[0][0] == [9.0, 0.0]

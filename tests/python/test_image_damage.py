@@ -13,7 +13,6 @@ from __future__ import annotations
 import io
 
 import numpy as np
-import pytest
 from PIL import Image
 
 import leanloader as ll

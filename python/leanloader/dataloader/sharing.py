@@ -33,7 +33,8 @@ from leanloader.dataloader.worker import (
     NUMPY_TO_NAME,
     identity,
     rebuild_array,
-    rebuild_memmap,
+    rebuild_file_array,
+    rebuild_file_tensor,
     rebuild_tensor,
     segment_reference,
     torch_dtype_names,
@@ -232,17 +233,11 @@ class DatasetSharing:
         return shared
 
     def reduce_array(self, array: Any) -> Any:
-        import mmap
-
         import numpy as np
 
-        if isinstance(array, np.memmap) and isinstance(array.base, mmap.mmap) and array.filename:
-            mode = "r" if array.mode in ("r", "c") else "r+"
-            order = "F" if array.flags.f_contiguous and not array.flags.c_contiguous else "C"
-            return (
-                rebuild_memmap,
-                (array.filename, array.dtype.str, mode, int(array.offset), array.shape, order),
-            )
+        reference = file_array_reference(array, self.threshold)
+        if reference is not None:
+            return (rebuild_file_array, reference)  # the file is mapped again: nothing copied
         if type(array) not in (np.ndarray, np.memmap):
             # MaskedArray, matrix, recarray...: pickled as NumPy pickles
             # them (a copy per worker, as torch sends them), with their type
@@ -271,6 +266,15 @@ class DatasetSharing:
         if tensor.grad_fn is not None or tensor.dtype not in torch_dtype_names():
             return NotImplemented
         storage = tensor.untyped_storage()
+        if storage.nbytes() >= self.threshold:
+            backing = _core.file_backing(storage.data_ptr(), storage.nbytes())
+            if backing is not None:  # torch.load(mmap=True), safetensors: mapped again
+                return (
+                    rebuild_file_tensor,
+                    (backing, storage.nbytes(), str(tensor.dtype).removeprefix("torch."),
+                     tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()),
+                     bool(tensor.requires_grad), isinstance(tensor, torch.nn.Parameter)),
+                )  # fmt: skip
         segment = _core.find_shared_segment(storage.data_ptr())
         if segment is None and storage.is_shared():
             # Already in torch's shared memory (share_memory_(), a cache the
@@ -337,6 +341,28 @@ class DatasetSharing:
             )
             tensor.data = moved
         return shared_storage
+
+
+def file_array_reference(array: Any, min_bytes: int) -> tuple | None:
+    """How a worker maps `array` from the file it is a view of (an np.memmap,
+    any slice or reshape of one, np.load(mmap_mode=...)): the arguments of
+    rebuild_file_array, or None when it is not a file's bytes (the rule of
+    src/workers/file_backing.cc; ll.audit uses it too). Arrays under
+    `min_bytes` that are not memmaps are not looked up (pickled by value)."""
+    import numpy as np
+    from numpy.lib.array_utils import byte_bounds
+
+    if array.size == 0 or array.dtype.hasobject:
+        return None
+    if not isinstance(array, np.memmap) and array.nbytes < min_bytes:
+        return None
+    low, high = byte_bounds(array)
+    backing = _core.file_backing(low, high - low)
+    if backing is None:
+        return None
+    start = array.__array_interface__["data"][0] - low
+    return (backing, high - low, start, array.dtype, array.shape, array.strides,
+            isinstance(array, np.memmap), bool(array.flags.writeable))  # fmt: skip
 
 
 def _tensor_reduction(

@@ -146,16 +146,6 @@ def rebuild_array(
     return array.view(np.dtype(dtype))
 
 
-def rebuild_memmap(
-    filename: str, dtype: str, mode: str, offset: int, shape: tuple, order: str
-) -> Any:
-    """Re-maps a np.memmap instead of receiving its contents."""
-    import numpy as np
-
-    return np.memmap(filename, dtype=np.dtype(dtype), mode=mode, offset=offset, shape=shape,
-                     order=order)  # fmt: skip
-
-
 def rebuild_tensor(
     reference: tuple[int, int, int],
     offset: int,
@@ -173,10 +163,20 @@ def rebuild_tensor(
     tensors (writes are visible to all); a `copy` of the user's tensor is
     mapped copy-on-write, as a copy behaves (the user's tensor may share the
     copy's pages: see sharing.py)."""
-    import torch
 
     segment = attach_segment(*reference, "private" if copy else "shared")
     raw = segment.array(offset, "U8", [storage_bytes], "torch")
+    return _tensor_over(raw, dtype, storage_offset, size, stride, requires_grad, parameter)
+
+
+def _tensor_over(
+    raw: Any, dtype: str, storage_offset: int, size: tuple, stride: tuple,
+    requires_grad: bool, parameter: bool,
+) -> Any:  # fmt: skip
+    """A tensor of `dtype` viewing the bytes of `raw` (a uint8 tensor) as
+    its storage."""
+    import torch
+
     torch_dtype = getattr(torch, dtype)
     tensor = torch.empty(0, dtype=torch_dtype).set_(
         raw.untyped_storage(), storage_offset, size, stride
@@ -186,6 +186,65 @@ def rebuild_tensor(
     if requires_grad:
         tensor.requires_grad_(True)
     return tensor
+
+
+def _map_file_range(backing: tuple, extent: int) -> Any:
+    """The `extent` bytes of a file range another process had mapped, as a
+    uint8 np.memmap: shared (writes reach the file) when the original
+    mapping was, else copy-on-write (writes stay here), as a forked worker
+    would have them. The file must be the one that was mapped."""
+    import numpy as np
+
+    path, offset, device, inode, shared = backing
+    try:
+        st = os.stat(path)
+    except OSError as error:
+        raise RuntimeError(f"cannot map '{path}' as the main process had it: {error}") from None
+    if (st.st_dev, st.st_ino) != (device, inode):
+        raise RuntimeError(
+            f"'{path}' is another file than the one the main process mapped (replaced since); "
+            "its bytes as the main process sees them are gone"
+        )
+    return np.memmap(path, dtype=np.uint8, mode="r+" if shared else "c", offset=offset,
+                     shape=(extent,))  # fmt: skip
+
+
+def rebuild_file_array(
+    backing: tuple, extent: int, start: int, dtype: str, shape: tuple, strides: tuple,
+    memmap: bool, writeable: bool,
+) -> Any:  # fmt: skip
+    """An array over a file range that the main process had mapped (a memmap
+    or any view of one): the worker maps the same range, nothing is copied.
+    `start` is the first element's offset in the range."""
+    import numpy as np
+
+    base = _map_file_range(backing, extent)
+    cls = np.memmap if memmap else np.ndarray
+    array = np.ndarray.__new__(cls, shape, np.dtype(dtype), buffer=base, offset=start,
+                               strides=strides)  # fmt: skip
+    if memmap:
+        array._mmap, array.filename, array.mode = base._mmap, base.filename, base.mode
+        array.offset = backing[1] + start
+    if not writeable:
+        array.flags.writeable = False
+    return array
+
+
+def rebuild_file_tensor(
+    backing: tuple, storage_bytes: int, dtype: str, storage_offset: int, size: tuple,
+    stride: tuple, requires_grad: bool, parameter: bool,
+) -> Any:  # fmt: skip
+    """A CPU tensor whose storage is a file range the main process had
+    mapped (torch.load(mmap=True), safetensors): mapped here, not copied."""
+    import warnings
+
+    import torch
+
+    base = _map_file_range(backing, storage_bytes)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # (a read-only mapping: "not writable")
+        raw = torch.from_numpy(base)
+    return _tensor_over(raw, dtype, storage_offset, size, stride, requires_grad, parameter)
 
 
 # --- batches through slots -------------------------------------------------------------
