@@ -133,9 +133,12 @@ void bind_image(nb::module_& m) {
             decode_options(mode, max_pixels, accept_corrupt_jpeg, exif_orientation);
         Tensor tensor;
         bool corrupt_data = false;
+        bool over_pixel_limit = false;
+        ImageInfo info;
         {
           nb::gil_scoped_release release;
-          const ImageInfo info = read_image_info(bytes, options);
+          info = read_image_info(bytes, options);
+          over_pixel_limit = info.over_pixel_limit;
           const int channels = color_mode_channels(options.mode);
           const size_t size = static_cast<size_t>(info.width) * static_cast<size_t>(info.height) *
                               static_cast<size_t>(channels);
@@ -144,13 +147,15 @@ void bind_image(nb::module_& m) {
                                            {reinterpret_cast<uint8_t*>(storage->data()), size});
           tensor = Tensor(storage, 0, DType::kU8, {info.height, info.width, channels});
         }
-        return nb::make_tuple(tensor_to_python(tensor, OutputFramework::kNumpy),
-                              corrupt_data ? corrupt_jpeg_warning(name) : std::string());
+        nb::list warnings;
+        if (over_pixel_limit) warnings.append(pixel_limit_warning(name, info, options.max_pixels));
+        if (corrupt_data) warnings.append(corrupt_jpeg_warning(name));
+        return nb::make_tuple(tensor_to_python(tensor, OutputFramework::kNumpy), warnings);
       },
       nb::arg("data"), nb::arg("mode"), nb::arg("max_pixels"), nb::arg("accept_corrupt_jpeg"),
       nb::arg("exif_orientation"), nb::arg("name"),
-      "Decodes image bytes to (an (H, W, C) uint8 array, the warning for corrupt JPEG data "
-      "naming `name`, or '').");
+      "Decodes image bytes to (an (H, W, C) uint8 array, the warnings naming `name`: over "
+      "max_pixels, corrupt JPEG data).");
 
   m.def(
       "image_file_format",

@@ -27,8 +27,9 @@ from typing import Any
 
 from leanloader import _core
 
-# Pillow's Image.MAX_IMAGE_PIXELS: larger images are refused from the header
-# (a decompression bomb guard), before anything is allocated.
+# Pillow's Image.MAX_IMAGE_PIXELS: as Pillow, larger images are decoded with a
+# warning, and images over twice it refused from the header (a decompression
+# bomb guard), before anything is allocated.
 MAX_IMAGE_PIXELS = 89_478_485
 
 # torchvision.datasets.folder.IMG_EXTENSIONS. ImageFolder lists files with
@@ -250,7 +251,9 @@ class Images(_ImageSource):
 
     Bad files raise errors naming the file, the sample and the stage
     (``decode``); ``max_pixels`` (default Pillow's ``MAX_IMAGE_PIXELS``;
-    ``None``: no limit) refuses decompression bombs from the header;
+    ``None``: no limit) guards against decompression bombs as Pillow does:
+    an image above it is decoded with a ``RuntimeWarning`` naming the file,
+    one above twice it refused from the header;
     JPEGs with corrupt data that libjpeg works around are decoded, as Pillow
     decodes them, with a ``RuntimeWarning`` naming the file (once per file) and
     counted in ``Loader.stats()["samples_warned"]``;
@@ -353,7 +356,7 @@ def decode_image(
         with open(path, "rb") as file:
             data = file.read()
     try:
-        pixels, warning = _core.decode_image(
+        pixels, messages = _core.decode_image(
             bytes(data), mode, max_pixels or 0, accept_corrupt_jpeg, exif_orientation,
             "image bytes" if path is None else f"'{path}'",
         )  # fmt: skip
@@ -361,6 +364,6 @@ def decode_image(
         if path is None:
             raise
         raise type(error)(f"'{path}': {error}") from None
-    if warning:
+    for warning in messages:
         warnings.warn(warning, RuntimeWarning, stacklevel=2)
     return pixels

@@ -1,7 +1,6 @@
 #include "leanloader/hdf5/chunk_filters.h"
 
 #include <blosc.h>
-#include <libdeflate.h>
 #include <lz4.h>
 #include <lzf.h>
 #include <zstd.h>
@@ -9,6 +8,7 @@
 #include <climits>
 #include <cstring>
 
+#include "io/zlib_inflate.h"
 #include "leanloader/core/checked_size.h"
 #include "leanloader/core/error.h"
 
@@ -31,31 +31,24 @@ uint32_t load_be32(const std::byte* p) {
 
 uint64_t load_be64(const std::byte* p) { return (uint64_t(load_be32(p)) << 32) | load_be32(p + 4); }
 
-// libdeflate: whole-buffer inflate, 2-3x zlib's speed; one decompressor per
-// thread, kept for the thread's life.
 void inflate_into(const Hdf5Filter& filter, std::span<const std::byte> in,
                   std::span<std::byte> out) {
-  struct Decompressor {
-    libdeflate_decompressor* handle = libdeflate_alloc_decompressor();
-    ~Decompressor() { libdeflate_free_decompressor(handle); }
-  };
-  thread_local Decompressor decompressor;
-  if (decompressor.handle == nullptr) throw OutOfMemory("libdeflate: cannot allocate");
   size_t produced = 0;
-  const libdeflate_result result = libdeflate_zlib_decompress(
-      decompressor.handle, in.data(), in.size(), out.data(), out.size(), &produced);
-  switch (result) {
-    case LIBDEFLATE_SUCCESS:
+  switch (detail::zlib_inflate(in, out, produced)) {
+    case detail::InflateResult::kOk:
       if (produced != out.size()) {
         corrupt(filter, "inflates to " + std::to_string(produced) + " bytes, expected " +
                             std::to_string(out.size()));
       }
       return;
-    case LIBDEFLATE_INSUFFICIENT_SPACE:
+    case detail::InflateResult::kOutOfMemory:
+      throw OutOfMemory("libdeflate: cannot allocate");
+    case detail::InflateResult::kNoRoom:
       corrupt(filter, "inflates past the expected " + std::to_string(out.size()) + " bytes");
-    default:
-      corrupt(filter, "not a valid zlib/deflate stream of " + std::to_string(in.size()) + " bytes");
+    case detail::InflateResult::kCorrupt:
+      break;
   }
+  corrupt(filter, "not a valid zlib/deflate stream of " + std::to_string(in.size()) + " bytes");
 }
 
 void zstd_into(const Hdf5Filter& filter, std::span<const std::byte> in, std::span<std::byte> out) {

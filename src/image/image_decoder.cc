@@ -186,11 +186,14 @@ ImageInfo read_image_info(std::span<const std::byte> bytes, const DecodeOptions&
   }
   const auto pixels =
       checked_mul(static_cast<size_t>(size.width), static_cast<size_t>(size.height));
-  if (!pixels || (options.max_pixels != 0 && *pixels > options.max_pixels)) {
+  const auto refused_above = checked_mul(options.max_pixels, uint64_t{2});
+  if (!pixels || (options.max_pixels != 0 && (!refused_above || *pixels > *refused_above))) {
     throw FormatError(name + ": " + std::to_string(size.width) + "x" + std::to_string(size.height) +
-                      " pixels exceed the limit of " + std::to_string(options.max_pixels) +
-                      " (a possible decompression bomb; raise max_pixels to allow it)");
+                      " pixels exceed twice the limit of " + std::to_string(options.max_pixels) +
+                      " (a possible decompression bomb, as Pillow refuses it; raise max_pixels, "
+                      "or pass None, to allow it)");
   }
+  info.over_pixel_limit = options.max_pixels != 0 && *pixels > options.max_pixels;
   if (options.exif_orientation) {
     info.orientation = detail::exif_orientation(bytes, info.format).value_or(1);
   }
@@ -265,6 +268,14 @@ void decode_image(std::span<const std::byte> bytes, const ImageInfo& info,
   out.region_width = static_cast<double>(out.width) - m[0] - m[2];
   out.region_height = static_cast<double>(out.height) - m[1] - m[3];
   out.region = box;
+}
+
+std::string pixel_limit_warning(const std::string& file, const ImageInfo& info,
+                                uint64_t max_pixels) {
+  return file + ": " + std::to_string(info.width) + "x" + std::to_string(info.height) +
+         " pixels exceed max_pixels (" + std::to_string(max_pixels) +
+         "), could be a decompression bomb (Pillow warns alike, and refuses twice as many); "
+         "decoded. Raise max_pixels, or pass None, to silence this.";
 }
 
 std::string corrupt_jpeg_warning(const std::string& file) {

@@ -105,6 +105,9 @@ void ImageSource::read_sample(int64_t index, SampleWriter& writer) const {
   } catch (const std::bad_alloc&) {
     throw SampleError(index, describe(), path, "decode", "out of memory", ErrorKind::kOutOfMemory);
   }
+  if (info.over_pixel_limit) {
+    writer.warn(pixel_limit_warning(path, info, options_.decode.max_pixels));
+  }
   if (params.corrupt_data) writer.warn(corrupt_jpeg_warning(path));
   if (!labels_.empty()) {
     const std::span<std::byte> label = writer.field_buffer(1, Shape{});

@@ -11,6 +11,7 @@
 #include <opencv2/imgproc.hpp>
 #include <sstream>
 
+#include "image/resample.h"
 #include "image/scratch.h"
 #include "leanloader/core/checked_size.h"
 #include "leanloader/core/error.h"
@@ -177,27 +178,14 @@ View pad_into(const View& from, const PixelBox& box, std::vector<uint8_t>& canva
   return {canvas.data(), box.width, box.height, from.channels, row};
 }
 
-// Pillow's antialiased bilinear shrinks with a triangle filter as wide as two
-// output pixels (variance s^2/6 in input pixels for a factor s); OpenCV's
-// INTER_AREA averages a box one output pixel wide (variance s^2/12). A
-// Gaussian blur of the missing variance first brings INTER_AREA close to
-// Pillow (PSNR measured in tests/python/test_image.py). Enlarging,
-// INTER_LINEAR is Pillow's bilinear.
+// Pillow's Image.resize(..., BILINEAR), bit for bit (image/resample.h): a
+// triangle filter widened by each axis's shrink factor, so that every
+// shrinking axis is antialiased whatever the other one does.
 void resize_into(const View& from, int64_t width, int64_t height, uint8_t* to,
-                 std::vector<uint8_t>& blurred) {
-  cv::Mat source = from.mat();
-  cv::Mat target(static_cast<int>(height), static_cast<int>(width), CV_8UC(from.channels), to);
-  const double shrink_x = static_cast<double>(from.width) / static_cast<double>(width);
-  const double shrink_y = static_cast<double>(from.height) / static_cast<double>(height);
-  const bool shrinking = shrink_x >= 1.0 && shrink_y >= 1.0;
-  if (shrinking && (shrink_x > 1.0 || shrink_y > 1.0)) {
-    blurred.resize(static_cast<size_t>(from.width * from.height * from.channels));
-    cv::Mat blur(source.rows, source.cols, source.type(), blurred.data());
-    const double sigma_x = shrink_x / std::sqrt(12.0), sigma_y = shrink_y / std::sqrt(12.0);
-    cv::GaussianBlur(source, blur, cv::Size(0, 0), sigma_x, sigma_y, cv::BORDER_REPLICATE);
-    source = blur;
-  }
-  cv::resize(source, target, target.size(), 0, 0, shrinking ? cv::INTER_AREA : cv::INTER_LINEAR);
+                 std::vector<uint8_t>& scratch) {
+  const detail::PixelPlane plane{from.data, from.width, from.height, from.channels, from.stride};
+  detail::resample_bilinear(plane, 0.0f, 0.0f, static_cast<float>(from.width),
+                            static_cast<float>(from.height), width, height, to, scratch);
 }
 
 // Resizes the fractional box (x, y, w, h) of `from` (a DCT-scaled decode

@@ -71,22 +71,25 @@ void png_decode(std::span<const std::byte> bytes, const DecodeOptions& options, 
   }
   const bool gray = ihdr.color_type == SPNG_COLOR_TYPE_GRAYSCALE;
 
-  if (channels == 4) {
-    check(spng_decode_image(ctx.get(), dst.data(), dst.size(), SPNG_FMT_RGBA8, SPNG_DECODE_TRNS),
-          "decoding");
-    return;
-  }
   if (gray && ihdr.bit_depth == 16) {
-    // Pillow opens this as "I;16" and its conversions to L and RGB clip at
-    // 255 (they do not scale).
+    // Pillow opens this as "I;16" and its conversions to L, RGB and RGBA
+    // clip at 255 (they do not scale); RGBA is opaque.
     std::vector<uint16_t> wide(pixels);
     check(spng_decode_image(ctx.get(), wide.data(), decoded_size(ctx.get(), SPNG_FMT_PNG),
                             SPNG_FMT_PNG, 0),
           "decoding");
+    const int colors = std::min(channels, 3);
     for (size_t i = 0; i < pixels; ++i) {
       const auto value = static_cast<uint8_t>(std::min<uint16_t>(wide[i], 255));
-      for (int c = 0; c < channels; ++c) dst[i * static_cast<size_t>(channels) + c] = value;
+      uint8_t* pixel = dst.data() + i * static_cast<size_t>(channels);
+      for (int c = 0; c < colors; ++c) pixel[c] = value;
+      if (channels == 4) pixel[3] = 255;
     }
+    return;
+  }
+  if (channels == 4) {
+    check(spng_decode_image(ctx.get(), dst.data(), dst.size(), SPNG_FMT_RGBA8, SPNG_DECODE_TRNS),
+          "decoding");
     return;
   }
   if (channels == 3) {

@@ -1,7 +1,10 @@
-// WebP through libwebp's simple decoding API (still images; an animated
-// WebP is refused by libwebp as an unsupported feature).
+// WebP through libwebp: still images through its decoding API (cropped
+// while decoding); an animated WebP gives its first frame, composited on
+// its canvas by libwebpdemux's WebPAnimDecoder, as Pillow gives it.
 #include <webp/decode.h>
+#include <webp/demux.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -44,12 +47,54 @@ WebPBitstreamFeatures features_of(std::span<const std::byte> bytes) {
   return features;
 }
 
+// The first frame of an animation on the whole canvas, RGBA (what Pillow's
+// WebPImagePlugin reads), cut to `box` and converted to `channels` as
+// Pillow's convert() does (alpha dropped; luma from RGB).
+void decode_first_frame(std::span<const std::byte> bytes, StoredSize size, const PixelBox& box,
+                        int channels, std::span<uint8_t> dst) {
+  WebPAnimDecoderOptions options;
+  if (!WebPAnimDecoderOptionsInit(&options)) throw Error("WebP: library version mismatch");
+  options.color_mode = MODE_RGBA;
+  options.use_threads = 0;
+  const WebPData data{reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()};
+  const std::unique_ptr<WebPAnimDecoder, void (*)(WebPAnimDecoder*)> decoder(
+      WebPAnimDecoderNew(&data, &options), WebPAnimDecoderDelete);
+  if (!decoder) throw FormatError("WebP: animation: cannot parse the frames (truncated file?)");
+  WebPAnimInfo info;
+  if (!WebPAnimDecoderGetInfo(decoder.get(), &info)) {
+    throw FormatError("WebP: animation: no frame information");
+  }
+  if (static_cast<int64_t>(info.canvas_width) != size.width ||
+      static_cast<int64_t>(info.canvas_height) != size.height) {
+    throw FormatError("WebP: the canvas size differs from the header's");
+  }
+  uint8_t* canvas = nullptr;
+  int timestamp = 0;
+  if (!WebPAnimDecoderGetNext(decoder.get(), &canvas, &timestamp) || canvas == nullptr) {
+    throw FormatError("WebP: animation: the first frame does not decode");
+  }
+  const auto stride = static_cast<size_t>(size.width) * 4;
+  for (int64_t y = 0; y < box.height; ++y) {
+    const uint8_t* in =
+        canvas + static_cast<size_t>(box.y + y) * stride + static_cast<size_t>(box.x) * 4;
+    uint8_t* out = dst.data() + static_cast<size_t>(y) * static_cast<size_t>(box.width) *
+                                    static_cast<size_t>(channels);
+    for (int64_t x = 0; x < box.width; ++x, in += 4, out += channels) {
+      if (channels == 1) {
+        out[0] =
+            static_cast<uint8_t>((in[0] * 19595 + in[1] * 38470 + in[2] * 7471 + 0x8000) >> 16);
+      } else {
+        for (int c = 0; c < channels; ++c) out[c] = in[c];
+      }
+    }
+  }
+}
+
 }  // namespace
 
 StoredSize webp_size(std::span<const std::byte> bytes) {
   const WebPBitstreamFeatures features = features_of(bytes);
-  if (features.has_animation) throw FormatError("WebP: animated images are not supported");
-  return {features.width, features.height};
+  return {features.width, features.height};  // (an animation's canvas)
 }
 
 void webp_decode(std::span<const std::byte> bytes, const DecodeOptions& options, StoredSize size,
@@ -58,6 +103,10 @@ void webp_decode(std::span<const std::byte> bytes, const DecodeOptions& options,
   const size_t pixels = static_cast<size_t>(box.width) * static_cast<size_t>(box.height);
   if (dst.size() != pixels * static_cast<size_t>(channels)) {
     throw InvalidArgument("WebP: destination has the wrong size");
+  }
+  if (features_of(bytes).has_animation) {
+    decode_first_frame(bytes, size, box, channels, dst);
+    return;
   }
   WebPDecoderConfig config;
   if (!WebPInitDecoderConfig(&config)) throw Error("WebP: library version mismatch");

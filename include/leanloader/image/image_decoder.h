@@ -24,8 +24,9 @@
 
 namespace leanloader {
 
-// Pillow's Image.MAX_IMAGE_PIXELS (Pillow warns above it, fails above 2x);
-// we refuse above the limit.
+// Pillow's Image.MAX_IMAGE_PIXELS: as Pillow, an image above it is decoded
+// with a warning (Pillow's DecompressionBombWarning), one above twice it is
+// refused from the header (DecompressionBombError).
 inline constexpr uint64_t kDefaultMaxImagePixels = 89'478'485;
 
 enum class ColorMode {
@@ -38,8 +39,9 @@ int color_mode_channels(ColorMode mode) noexcept;
 
 struct DecodeOptions {
   ColorMode mode = ColorMode::kRGB;
-  // Images whose header gives more pixels (width x height) are refused
-  // before decoding. 0: no limit.
+  // Images whose header gives more pixels (width x height) than this are
+  // decoded with a warning (ImageInfo::over_pixel_limit), more than twice
+  // this are refused before decoding. 0: no limit.
   uint64_t max_pixels = kDefaultMaxImagePixels;
   // libjpeg-turbo reports corrupt data it can work around (bad Huffman
   // codes, extra bytes) as warnings. true: decode on, as Pillow does (and say
@@ -61,6 +63,9 @@ struct ImageInfo {
   // EXIF orientation 1..8 when applied (DecodeOptions::exif_orientation),
   // 1 otherwise.
   int orientation = 1;
+  // More pixels than DecodeOptions::max_pixels (but not twice as many): the
+  // user is warned (pixel_limit_warning), as Pillow warns.
+  bool over_pixel_limit = false;
 };
 
 // A rectangle of pixels: columns [x, x + width), rows [y, y + height).
@@ -115,6 +120,11 @@ struct DecodedImage {
 // iMCU-aligned columns of the region, at the smallest DCT scale allowed.
 void decode_image(std::span<const std::byte> bytes, const ImageInfo& info,
                   const DecodeOptions& options, const DecodeRequest& request, DecodedImage& out);
+
+// What the user is told of an image over max_pixels (not over twice it),
+// naming `file`.
+std::string pixel_limit_warning(const std::string& file, const ImageInfo& info,
+                                uint64_t max_pixels);
 
 // What the user is told of a JPEG decoded through corrupt data: the file
 // (or "image bytes"), what happened and the option that refuses such files.

@@ -1,0 +1,162 @@
+#include "image/resample.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace leanloader::detail {
+
+namespace {
+
+constexpr int kPrecisionBits = 32 - 8 - 2;
+
+// A pass's coefficients: for each output pixel, the first input pixel and
+// how many follow, and `taps` fixed-point weights (the unused ones 0).
+struct Coefficients {
+  int taps = 0;
+  std::vector<int64_t> first;
+  std::vector<int64_t> count;
+  std::vector<int32_t> weights;
+};
+
+double triangle(double x) {
+  x = std::abs(x);
+  return x < 1.0 ? 1.0 - x : 0.0;
+}
+
+// precompute_coeffs + normalize_coeffs_8bpc of Resample.c.
+Coefficients coefficients(int64_t in_size, float in0, float in1, int64_t out_size) {
+  const double scale = static_cast<double>(in1 - in0) / static_cast<double>(out_size);
+  const double filter_scale = std::max(scale, 1.0);
+  const double support = 1.0 * filter_scale;  // the triangle's support is 1
+  Coefficients c;
+  c.taps = static_cast<int>(std::ceil(support)) * 2 + 1;
+  c.first.resize(static_cast<size_t>(out_size));
+  c.count.resize(static_cast<size_t>(out_size));
+  c.weights.assign(static_cast<size_t>(out_size) * static_cast<size_t>(c.taps), 0);
+  std::vector<double> k(static_cast<size_t>(c.taps));
+  for (int64_t xx = 0; xx < out_size; ++xx) {
+    const double center = static_cast<double>(in0) + (static_cast<double>(xx) + 0.5) * scale;
+    const double ss = 1.0 / filter_scale;
+    int64_t xmin = static_cast<int64_t>(center - support + 0.5);
+    xmin = std::max<int64_t>(xmin, 0);
+    int64_t xmax = static_cast<int64_t>(center + support + 0.5);
+    xmax = std::min(xmax, in_size);
+    xmax -= xmin;
+    xmax = std::clamp<int64_t>(xmax, 0, c.taps);
+    double sum = 0.0;
+    for (int64_t x = 0; x < xmax; ++x) {
+      const double w = triangle((static_cast<double>(x + xmin) - center + 0.5) * ss);
+      k[static_cast<size_t>(x)] = w;
+      sum += w;
+    }
+    int32_t* weights = c.weights.data() + static_cast<size_t>(xx) * static_cast<size_t>(c.taps);
+    for (int64_t x = 0; x < xmax; ++x) {
+      const double w = sum != 0.0 ? k[static_cast<size_t>(x)] / sum : k[static_cast<size_t>(x)];
+      const double fixed = w * static_cast<double>(1 << kPrecisionBits);
+      weights[x] = static_cast<int32_t>(w < 0 ? -0.5 + fixed : 0.5 + fixed);
+    }
+    c.first[static_cast<size_t>(xx)] = xmin;
+    c.count[static_cast<size_t>(xx)] = xmax;
+  }
+  return c;
+}
+
+inline uint8_t clip8(int64_t value) {
+  return static_cast<uint8_t>(std::clamp<int64_t>(value >> kPrecisionBits, 0, 255));
+}
+
+// One horizontal pass: `rows` rows of `in` (row stride in_stride) through
+// `across` into rows of `out` (stride out_stride); input column indices are
+// less `column_offset` (the first column `in` holds).
+void horizontal_pass(const uint8_t* in, size_t in_stride, int64_t rows, int64_t column_offset,
+                     const Coefficients& across, int channels, uint8_t* out, size_t out_stride) {
+  const auto width = static_cast<int64_t>(across.first.size());
+  for (int64_t y = 0; y < rows; ++y) {
+    const uint8_t* row = in + static_cast<size_t>(y) * in_stride;
+    uint8_t* target = out + static_cast<size_t>(y) * out_stride;
+    for (int64_t xx = 0; xx < width; ++xx) {
+      const int64_t xmin = across.first[static_cast<size_t>(xx)] - column_offset;
+      const int64_t count = across.count[static_cast<size_t>(xx)];
+      const int32_t* k =
+          across.weights.data() + static_cast<size_t>(xx) * static_cast<size_t>(across.taps);
+      for (int c = 0; c < channels; ++c) {
+        int64_t sum = int64_t{1} << (kPrecisionBits - 1);
+        const uint8_t* pixel = row + static_cast<size_t>(xmin) * channels + c;
+        for (int64_t x = 0; x < count; ++x) sum += int64_t{pixel[x * channels]} * k[x];
+        target[static_cast<size_t>(xx) * channels + c] = clip8(sum);
+      }
+    }
+  }
+}
+
+// One vertical pass: `columns` pixels of each output row through `down`
+// from the rows of `in` (stride in_stride; input row indices are less
+// `row_offset`, the first row `in` holds).
+void vertical_pass(const uint8_t* in, size_t in_stride, int64_t row_offset, int64_t columns,
+                   const Coefficients& down, int channels, uint8_t* out, size_t out_stride) {
+  const auto height = static_cast<int64_t>(down.first.size());
+  for (int64_t yy = 0; yy < height; ++yy) {
+    const int64_t ymin = down.first[static_cast<size_t>(yy)] - row_offset;
+    const int64_t count = down.count[static_cast<size_t>(yy)];
+    const int32_t* k =
+        down.weights.data() + static_cast<size_t>(yy) * static_cast<size_t>(down.taps);
+    uint8_t* target = out + static_cast<size_t>(yy) * out_stride;
+    for (int64_t xx = 0; xx < columns * channels; ++xx) {
+      int64_t sum = int64_t{1} << (kPrecisionBits - 1);
+      const uint8_t* column = in + static_cast<size_t>(ymin) * in_stride + xx;
+      for (int64_t y = 0; y < count; ++y) sum += int64_t{column[y * in_stride]} * k[y];
+      target[xx] = clip8(sum);
+    }
+  }
+}
+
+}  // namespace
+
+void resample_bilinear(const PixelPlane& from, float x0, float y0, float x1, float y1,
+                       int64_t width, int64_t height, uint8_t* to, std::vector<uint8_t>& scratch) {
+  const int channels = from.channels;
+  const size_t out_row = static_cast<size_t>(width) * static_cast<size_t>(channels);
+  const bool horizontal = width != from.width || x0 != 0.0f || x1 != static_cast<float>(width);
+  const bool vertical = height != from.height || y0 != 0.0f || y1 != static_cast<float>(height);
+  if (!horizontal && !vertical) {
+    for (int64_t y = 0; y < height; ++y) {
+      std::copy_n(from.data + static_cast<size_t>(y) * from.stride, out_row,
+                  to + static_cast<size_t>(y) * out_row);
+    }
+    return;
+  }
+  const Coefficients across = coefficients(from.width, x0, x1, width);
+  const Coefficients down = coefficients(from.height, y0, y1, height);
+  if (!vertical) {
+    horizontal_pass(from.data, from.stride, height, 0, across, channels, to, out_row);
+    return;
+  }
+  if (!horizontal) {
+    vertical_pass(from.data, from.stride, 0, width, down, channels, to, out_row);
+    return;
+  }
+  // Pillow (13, python-pillow/Pillow#9549) resamples vertically first when
+  // the height loses more than twice the pixels the width loses; else
+  // horizontally first. The first pass covers only the rows (columns) the
+  // second one reads; its 8-bit results are what the second pass reads.
+  const double lost_rows = static_cast<double>(y1 - y0) - static_cast<double>(height);
+  const double lost_columns = static_cast<double>(x1 - x0) - static_cast<double>(width);
+  if (lost_rows > 0 && lost_rows > 2 * lost_columns) {
+    const int64_t first = across.first.front();
+    const int64_t used = across.first.back() + across.count.back() - first;
+    const size_t middle_row = static_cast<size_t>(used) * static_cast<size_t>(channels);
+    scratch.resize(static_cast<size_t>(height) * middle_row);
+    vertical_pass(from.data + static_cast<size_t>(first) * channels, from.stride, 0, used, down,
+                  channels, scratch.data(), middle_row);
+    horizontal_pass(scratch.data(), middle_row, height, first, across, channels, to, out_row);
+    return;
+  }
+  const int64_t first = down.first.front();
+  const int64_t used = down.first.back() + down.count.back() - first;
+  scratch.resize(static_cast<size_t>(used) * out_row);
+  horizontal_pass(from.data + static_cast<size_t>(first) * from.stride, from.stride, used, 0,
+                  across, channels, scratch.data(), out_row);
+  vertical_pass(scratch.data(), out_row, first, width, down, channels, to, out_row);
+}
+
+}  // namespace leanloader::detail
