@@ -75,7 +75,7 @@ test-tsan: build/tsan/build.ninja
 build/fuzz/build.ninja: | $(VENV)/.requirements
 	CXX=clang++ cmake -S . -B build/fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLEANLOADER_BUILD_FUZZ=ON
 
-FUZZ_SECONDS ?= 10
+FUZZ_SECONDS ?= 5
 # Every fuzz target runs briefly over its seed corpus (longer: make fuzz).
 test-fuzz: build/fuzz/build.ninja
 	cmake --build build/fuzz

@@ -302,13 +302,16 @@ class DatasetSharing:
         kept = self._current(key, old.data_ptr())
         if kept is not None:
             return kept.shared
-        if old.nbytes() and old.resizable() and not _pinned(old):
-            # made by torch's CPU allocator: the pointer it returned
+        if old.nbytes() and not _pinned(old):
+            # Its pages are taken where the storage is a whole block glibc's
+            # malloc mapped (make_shared_copy checks the block's malloc
+            # header): torch's CPU allocator's storages, and non-resizable
+            # ones over such a block (torch.from_numpy of a NumPy array that
+            # owns it, as YOLO's RAM image cache); else a plain copy.
             segment, offset = self._copy_sharing_pages(old.data_ptr(), old.nbytes())
             raw = segment.array(offset, "U8", [old.nbytes()], "torch")
         else:
-            # not resizable (from_blob, a numpy array's memory, a storage
-            # torch did not allocate): a plain copy
+            # pinned (page-locked memory is not remapped): a plain copy
             segment = _core.SharedSegment.create(max(1, old.nbytes()), self.shm_dir)
             raw = segment.array(0, "U8", [old.nbytes()], "torch")
             raw.copy_(torch.empty(0, dtype=torch.uint8).set_(old))
