@@ -102,32 +102,60 @@ void transpose(const uint8_t* in, size_t in_stride, int64_t rows, int64_t column
   }
 }
 
+// One output row of a vertical pass: `count` input rows from `first` (row
+// stride in_stride) weighted by `k` into `target`, through the 32-bit sums
+// at `sum`; `values` bytes per row. Every pass spends its time here, so it
+// is compiled twice, for AVX2 and for the baseline, and chosen once at run
+// time (a plain branch: the ifunc that target_clones makes runs before
+// ThreadSanitizer's runtime is up, and crashes it).
+[[gnu::always_inline]] inline void vertical_row(const uint8_t* first, size_t in_stride,
+                                                int64_t count, const int32_t* k, int32_t* sum,
+                                                uint8_t* target, size_t values) {
+  for (size_t i = 0; i < values; ++i) sum[i] = int32_t{1} << (kPrecisionBits - 1);
+  for (int64_t y = 0; y < count; ++y) {
+    const uint8_t* row = first + static_cast<size_t>(y) * in_stride;
+    const int32_t weight = k[y];
+    for (size_t i = 0; i < values; ++i) sum[i] += int32_t{row[i]} * weight;
+  }
+  for (size_t i = 0; i < values; ++i) target[i] = clip8(sum[i]);
+}
+
+[[gnu::target("avx2")]] void vertical_row_avx2(const uint8_t* first, size_t in_stride,
+                                               int64_t count, const int32_t* k, int32_t* sum,
+                                               uint8_t* target, size_t values) {
+  vertical_row(first, in_stride, count, k, sum, target, values);
+}
+
+void vertical_row_baseline(const uint8_t* first, size_t in_stride, int64_t count, const int32_t* k,
+                           int32_t* sum, uint8_t* target, size_t values) {
+  vertical_row(first, in_stride, count, k, sum, target, values);
+}
+
+using VerticalRow = void (*)(const uint8_t*, size_t, int64_t, const int32_t*, int32_t*, uint8_t*,
+                             size_t);
+
+VerticalRow vertical_row_for_this_cpu() {
+  static const VerticalRow chosen =
+      __builtin_cpu_supports("avx2") ? vertical_row_avx2 : vertical_row_baseline;
+  return chosen;
+}
+
 // One vertical pass: `columns` pixels of each output row through `down`
 // from the rows of `in` (stride in_stride; input row indices are less
 // `row_offset`, the first row `in` holds). Row by row over the taps, so that
 // the inner loop runs along a row (vectorised); the same sums as Pillow's.
-[[gnu::target_clones("avx2", "default")]] void vertical_pass(const uint8_t* in, size_t in_stride,
-                                                             int64_t row_offset, int64_t columns,
-                                                             const Coefficients& down, int channels,
-                                                             uint8_t* out, size_t out_stride) {
+void vertical_pass(const uint8_t* in, size_t in_stride, int64_t row_offset, int64_t columns,
+                   const Coefficients& down, int channels, uint8_t* out, size_t out_stride) {
+  const VerticalRow row = vertical_row_for_this_cpu();
   const auto height = static_cast<int64_t>(down.first.size());
   const auto values = static_cast<size_t>(columns) * static_cast<size_t>(channels);
   thread_local std::vector<int32_t> sums;
   sums.resize(values);
   for (int64_t yy = 0; yy < height; ++yy) {
     const int64_t ymin = down.first[static_cast<size_t>(yy)] - row_offset;
-    const int64_t count = down.count[static_cast<size_t>(yy)];
-    const int32_t* k =
-        down.weights.data() + static_cast<size_t>(yy) * static_cast<size_t>(down.taps);
-    int32_t* sum = sums.data();
-    std::fill_n(sum, values, int32_t{1} << (kPrecisionBits - 1));
-    for (int64_t y = 0; y < count; ++y) {
-      const uint8_t* row = in + static_cast<size_t>(ymin + y) * in_stride;
-      const int32_t weight = k[y];
-      for (size_t i = 0; i < values; ++i) sum[i] += int32_t{row[i]} * weight;
-    }
-    uint8_t* target = out + static_cast<size_t>(yy) * out_stride;
-    for (size_t i = 0; i < values; ++i) target[i] = clip8(sum[i]);
+    row(in + static_cast<size_t>(ymin) * in_stride, in_stride, down.count[static_cast<size_t>(yy)],
+        down.weights.data() + static_cast<size_t>(yy) * static_cast<size_t>(down.taps), sums.data(),
+        out + static_cast<size_t>(yy) * out_stride, values);
   }
 }
 
