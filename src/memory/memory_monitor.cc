@@ -100,7 +100,12 @@ struct StatLine {
   std::string name;
   int ppid = 0;
   char state = '?';
+  uint64_t flags = 0;  // the kernel's PF_* flags of the task
 };
+
+// PF_EXITING: the process is being torn down (its mappings go before its
+// descriptors do).
+constexpr uint64_t kProcessExiting = 0x4;
 
 std::optional<StatLine> parse_stat(std::string_view text) {
   const size_t open = text.find('(');
@@ -118,6 +123,15 @@ std::optional<StatLine> parse_stat(std::string_view text) {
   const auto ppid = parse_u64(rest.substr(0, space));
   if (!ppid) return std::nullopt;
   line.ppid = static_cast<int>(*ppid);
+  // pgrp session tty_nr tpgid flags: the fifth field after ppid (tty_nr and
+  // tpgid may be negative, so they are skipped, not parsed).
+  std::string_view fields =
+      space == std::string_view::npos ? std::string_view() : rest.substr(space + 1);
+  for (int skipped = 0; skipped < 4 && !fields.empty(); ++skipped) {
+    const size_t next = fields.find(' ');
+    fields = next == std::string_view::npos ? std::string_view() : fields.substr(next + 1);
+  }
+  if (const auto flags = parse_u64(fields.substr(0, fields.find(' ')))) line.flags = *flags;
   return line;
 }
 
@@ -544,6 +558,14 @@ FdSharedMemory MemoryMonitor::fd_shared_memory(const std::vector<int>& pids) con
   std::vector<FileKey> order;
   std::string text;
   for (int pid : pids) {
+    // A process tearing down has unmapped its memory and not yet closed its
+    // descriptors: counting what they hold as unmapped would add, for that
+    // instant, pages another process (or its own last smaps read) already
+    // counts. Its memory is going away; it holds none.
+    if (read_file(proc_path(pid, "stat"), text)) {
+      const auto stat = parse_stat(text);
+      if (stat && (stat->flags & kProcessExiting) != 0) continue;
+    }
     const std::string fd_dir = proc_path(pid, "fd");
     std::vector<detail::DirectoryEntry> descriptors;
     try {
