@@ -66,7 +66,7 @@ def _page_sharing_safe() -> bool:
 class _Copy:
     """A shared copy of one array or storage: the source's owner (weakly: the
     copy serves while it lives), the copy, its segment, and what to compare
-    to tell whether the source changed since (see DatasetSharing.current)."""
+    to tell whether the source changed since (see DatasetSharing._current)."""
 
     __slots__ = ("address", "nbytes", "owner", "segment", "shared")
 
