@@ -68,7 +68,7 @@ using Mapping = detail::ProcessMapping;
 bool replaceable(const Mapping& mapping) {
   if (mapping.perms != "rw-p") return false;
   if (mapping.path.empty() || mapping.path.rfind("[anon:", 0) == 0) return mapping.inode == 0;
-  return mapping.inode != 0 && SharedSegment::created_here(mapping.device, mapping.inode);
+  return mapping.inode != 0 && SharedSegment::mapped_privately_here(mapping.device, mapping.inode);
 }
 
 // "" when [start, end) is covered, without a gap, by replaceable mappings.
@@ -216,6 +216,7 @@ SharedCopy make_shared_copy(void* source, size_t bytes, const std::string& dir,
   copy.segment = SharedSegment::create(*segment_bytes, dir, SharedSegment::Reserve::kLater);
   SharedSegment& segment = *copy.segment;
   share = share && segment_can_hold_the_pages(segment);
+  if (share) SharedSegment::remember_mapped_privately(segment);
   // Segment offset x holds the byte at address `base + x`; both are
   // page-aligned together, so a page of the source is a page of the file.
   const uintptr_t base = address - copy.offset;

@@ -28,10 +28,12 @@ namespace {
 struct Registry {
   std::mutex mutex;
   std::map<uintptr_t, std::pair<size_t, std::weak_ptr<SharedSegment>>> by_start;
-  // (st_dev, st_ino) of every segment this process created, for
-  // created_here(): kept for the process's life, since private mappings of
-  // a segment's file outlive the segment (shmem inode numbers only grow).
-  std::set<std::pair<uint64_t, uint64_t>> created;
+  // (st_dev, st_ino) of the segments whose pages this process maps
+  // privately (remember_mapped_privately), for mapped_privately_here(): kept
+  // for the process's life, since such mappings outlive the segment (shmem
+  // inode numbers only grow). Batch segments, made by the thousand, are not
+  // kept.
+  std::set<std::pair<uint64_t, uint64_t>> mapped_privately;
 };
 
 Registry& registry() {
@@ -122,18 +124,18 @@ void SharedSegment::register_segment(const std::shared_ptr<SharedSegment>& segme
   r.by_start[reinterpret_cast<uintptr_t>(segment->data())] = {segment->size(), segment};
 }
 
-void SharedSegment::register_created(int fd) {
+void SharedSegment::remember_mapped_privately(const SharedSegment& segment) {
   struct stat st {};
-  if (::fstat(fd, &st) != 0) return;
+  if (::fstat(segment.fd(), &st) != 0) return;
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
-  r.created.insert({static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)});
+  r.mapped_privately.insert({static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)});
 }
 
-bool SharedSegment::created_here(uint64_t device, uint64_t inode) {
+bool SharedSegment::mapped_privately_here(uint64_t device, uint64_t inode) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
-  return r.created.count({device, inode}) != 0;
+  return r.mapped_privately.count({device, inode}) != 0;
 }
 
 SharedSegment::~SharedSegment() {
@@ -202,7 +204,6 @@ std::shared_ptr<SharedSegment> SharedSegment::create(size_t size, const std::str
     ::close(fd);
     throw IoError("cannot map shared memory segment", path, map_error);
   }
-  register_created(fd);
   auto segment = std::shared_ptr<SharedSegment>(
       new SharedSegment(static_cast<std::byte*>(data), size, fd, path, true, false));
   register_segment(segment);

@@ -101,16 +101,20 @@ class SharedSegment final : public Storage {
   // array that already lives in shared memory. Thread-safe.
   static std::shared_ptr<SharedSegment> find(const void* address);
 
-  // Whether the file (st_dev, st_ino) is a segment this process created, alive
+  // Records that this process maps pages of `segment`'s file privately over
+  // memory of its own (shared_copy's page sharing), so that
+  // mapped_privately_here() knows the file. Thread-safe.
+  static void remember_mapped_privately(const SharedSegment& segment);
+
+  // Whether the file (st_dev, st_ino) is a segment remembered above, alive
   // or not: a mapping of it may be replaced again (see shared_copy).
   // Thread-safe.
-  static bool created_here(uint64_t device, uint64_t inode);
+  static bool mapped_privately_here(uint64_t device, uint64_t inode);
 
  private:
   SharedSegment(std::byte* data, size_t size, int fd, std::string path, bool writable,
                 bool copy_on_write);
   static void register_segment(const std::shared_ptr<SharedSegment>& segment);
-  static void register_created(int fd);
 
   void check_range(size_t offset, size_t bytes, const char* what) const;
 

@@ -49,8 +49,8 @@ SHARE_PAGES = os.environ.get("LEANLOADER_SHARE_PAGES", "1") != "0"
 
 def _page_sharing_safe() -> bool:
     """True when taking an array's pages cannot lose a write: no Python
-    thread but this one and leanloader's own ("leanloader-*", which never
-    write a dataset's arrays) is alive. A thread inside a NumPy or torch loop
+    thread but this one and those that never write arrays (leanloader's own,
+    multiprocessing's queue feeders) is alive. A thread inside a NumPy or torch loop
     runs without the GIL, and a write of its landing between the copy of a
     page and its mapping from the copy would be lost; with such threads
     about, the copy is a plain copy (the dataset keeps its own pages)."""
@@ -58,9 +58,16 @@ def _page_sharing_safe() -> bool:
 
     current = threading.current_thread()
     return all(
-        thread is current or thread.name.startswith("leanloader-") or not thread.is_alive()
+        thread is current or not thread.is_alive() or _never_writes_arrays(thread)
         for thread in threading.enumerate()
     )
+
+
+def _never_writes_arrays(thread: Any) -> bool:
+    """Threads known to read objects at most: leanloader's own, and
+    multiprocessing's queue feeders (each torch DataLoader iterator leaves one
+    behind: it pickles what is put in a queue and writes it to a pipe)."""
+    return thread.name.startswith("leanloader-") or thread.name == "QueueFeederThread"
 
 
 class _Copy:

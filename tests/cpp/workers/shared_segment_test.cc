@@ -63,11 +63,15 @@ TEST(SharedSegmentTest, WithoutADirectoryASegmentIsAMemfd) {
   std::memset(segment->data(), 3, segment->size());
   auto attached = SharedSegment::attach(segment->attach_path());
   EXPECT_EQ(static_cast<int>(attached->data()[4097]), 3);
+  // Only a segment whose pages are mapped privately over this process's
+  // own memory is remembered (batch segments are made by the thousand).
   struct stat st {};
   ASSERT_EQ(::fstat(segment->fd(), &st), 0);
-  EXPECT_TRUE(SharedSegment::created_here(st.st_dev, st.st_ino));
+  EXPECT_FALSE(SharedSegment::mapped_privately_here(st.st_dev, st.st_ino));
+  SharedSegment::remember_mapped_privately(*segment);
+  EXPECT_TRUE(SharedSegment::mapped_privately_here(st.st_dev, st.st_ino));
   ASSERT_EQ(::fstat(attached->fd(), &st), 0);
-  EXPECT_TRUE(SharedSegment::created_here(st.st_dev, st.st_ino));  // the same file
+  EXPECT_TRUE(SharedSegment::mapped_privately_here(st.st_dev, st.st_ino));  // the same file
 }
 
 TEST(SharedSegmentTest, InADirectoryTheFileNeverHasAName) {
@@ -82,7 +86,8 @@ TEST(SharedSegmentTest, InADirectoryTheFileNeverHasAName) {
   struct stat own {};
   ASSERT_EQ(::fstat(segment->fd(), &own), 0);
   EXPECT_EQ(own.st_dev, st.st_dev);
-  EXPECT_FALSE(SharedSegment::created_here(st.st_dev, st.st_ino));  // the directory is not ours
+  EXPECT_FALSE(
+      SharedSegment::mapped_privately_here(st.st_dev, st.st_ino));  // the directory is not ours
 }
 
 TEST(SharedSegmentTest, AttachSeesWritesOfAnotherProcess) {
