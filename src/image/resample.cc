@@ -4,6 +4,8 @@
 #include <cmath>
 #include <vector>
 
+#include "image/scratch.h"
+
 namespace leanloader::detail {
 
 namespace {
@@ -150,6 +152,7 @@ void vertical_pass(const uint8_t* in, size_t in_stride, int64_t row_offset, int6
   const auto height = static_cast<int64_t>(down.first.size());
   const auto values = static_cast<size_t>(columns) * static_cast<size_t>(channels);
   thread_local std::vector<int32_t> sums;
+  const ScratchTrim<int32_t, 1> trim({&sums});  // (released after a huge image)
   sums.resize(values);
   for (int64_t yy = 0; yy < height; ++yy) {
     const int64_t ymin = down.first[static_cast<size_t>(yy)] - row_offset;
@@ -168,6 +171,7 @@ void horizontal_pass(const uint8_t* in, size_t in_stride, int64_t rows, int64_t 
                      int64_t column_offset, const Coefficients& across, int channels, uint8_t* out,
                      size_t out_stride) {
   thread_local std::vector<uint8_t> turned, resampled;
+  const ScratchTrim<uint8_t, 2> trim({&turned, &resampled});  // (released after a huge image)
   const size_t turned_row = static_cast<size_t>(rows) * static_cast<size_t>(channels);
   const auto width = static_cast<int64_t>(across.first.size());
   turned.resize(static_cast<size_t>(columns) * turned_row);
