@@ -17,6 +17,7 @@
 #include "leanloader/device/device_read_fence.h"
 #include "leanloader/device/host_pinning.h"
 #include "leanloader/workers/file_backing.h"
+#include "leanloader/workers/shared_arena.h"
 #include "leanloader/workers/shared_copy.h"
 #include "leanloader/workers/shared_records.h"
 #include "leanloader/workers/shared_segment.h"
@@ -84,13 +85,18 @@ void bind_process(nb::module_& m) {
           nb::arg("size"), nb::arg("dir") = nb::none())
       .def_static(
           "attach",
-          [](const std::string& path, bool writable, bool copy_on_write) {
+          [](const std::string& path, bool writable, bool copy_on_write, size_t file_offset,
+             size_t size) {
             nb::gil_scoped_release release;
-            return SharedSegment::attach(path, writable, copy_on_write);
+            return SharedSegment::attach(path, writable, copy_on_write, file_offset, size);
           },
-          nb::arg("path"), nb::arg("writable") = true, nb::arg("copy_on_write") = false)
+          nb::arg("path"), nb::arg("writable") = true, nb::arg("copy_on_write") = false,
+          nb::arg("file_offset") = 0, nb::arg("size") = 0,
+          "Maps `size` bytes of the file at `path` from `file_offset` (size 0: the whole "
+          "file); segments of one file share one descriptor.")
       .def_prop_ro("size", &SharedSegment::size)
       .def_prop_ro("fd", &SharedSegment::fd)
+      .def_prop_ro("file_offset", &SharedSegment::file_offset)
       .def_prop_ro("path", &SharedSegment::path)
       .def_prop_ro("writable", &SharedSegment::writable)
       .def_prop_ro("copy_on_write", &SharedSegment::copy_on_write)
@@ -116,21 +122,42 @@ void bind_process(nb::module_& m) {
           nb::arg("offset"), nb::arg("dtype"), nb::arg("shape"), nb::arg("output") = "numpy",
           "A zero-copy array over the segment that keeps it alive.");
 
+  nb::class_<SharedArena>(
+      m, "SharedArena",
+      "Many shared memory segments in one unnamed file (one descriptor for all): each "
+      "allocate() is a page-aligned range, whose pages go back to the system when its last "
+      "segment goes (unless a mapping may still read them: shared_arena.h).")
+      .def(nb::new_([](std::optional<std::string> dir) {
+             return SharedArena::create(dir.value_or(""));
+           }),
+           nb::arg("dir") = nb::none())
+      .def(
+          "allocate",
+          [](const std::shared_ptr<SharedArena>& self, size_t size) {
+            nb::gil_scoped_release release;
+            return self->allocate(size);
+          },
+          nb::arg("size"), "A new segment of `size` bytes, its pages reserved.")
+      .def_prop_ro("fd", &SharedArena::fd)
+      .def_prop_ro("path", &SharedArena::path)
+      .def_prop_ro("file_bytes", &SharedArena::file_bytes)
+      .def_prop_ro("held_back_ranges", &SharedArena::held_back_ranges);
+
   m.def(
       "shared_copy",
-      [](uintptr_t address, size_t bytes, std::optional<std::string> dir, bool share_pages) {
+      [](uintptr_t address, size_t bytes, SharedArena& arena, bool share_pages) {
         // The GIL stays held; callers pass share_pages only when no other
         // thread may be writing the block (one that released the GIL in a
         // NumPy or torch loop would lose the writes landing between the copy
         // and the mapping of their page: shared_copy.h).
         const SharedCopy copy =
-            make_shared_copy(reinterpret_cast<void*>(address), bytes, dir.value_or(""),
+            make_shared_copy(reinterpret_cast<void*>(address), bytes, arena,
                              share_pages ? PageSharing::kWhereSafe : PageSharing::kOff);
         return nb::make_tuple(copy.segment, copy.offset, copy.shared_bytes);
       },
-      nb::arg("address"), nb::arg("bytes"), nb::arg("dir") = nb::none(),
-      nb::arg("share_pages") = true,
-      "A copy of `bytes` bytes at `address` in a new segment: (segment, offset, shared_bytes). "
+      nb::arg("address"), nb::arg("bytes"), nb::arg("arena"), nb::arg("share_pages") = true,
+      "A copy of `bytes` bytes at `address` in a new segment of `arena`: (segment, offset, "
+      "shared_bytes). "
       "With share_pages, where the block is a whole glibc mmapped chunk (the pointer malloc "
       "returned), its pages are then mapped from the copy, copy-on-write: one copy in all.");
   m.def(

@@ -101,7 +101,7 @@ def _attach_records(owner: int, fd: int, inode: int) -> SharedRecords:
     if buffer is None:
         from leanloader.dataloader.worker import attach_segment
 
-        segment = attach_segment(owner, fd, inode, "read")
+        segment = attach_segment(owner, fd, inode, mode="read")
         buffer = _core.SharedRecordsBuffer.attach(segment)
         _ATTACHED[key] = buffer
     return SharedRecords._from_buffer(buffer, owner)

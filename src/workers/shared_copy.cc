@@ -202,6 +202,10 @@ std::string page_sharing_refusal(const void* source, size_t bytes) {
 
 SharedCopy make_shared_copy(void* source, size_t bytes, const std::string& dir,
                             PageSharing sharing) {
+  return make_shared_copy(source, bytes, *SharedArena::create(dir), sharing);
+}
+
+SharedCopy make_shared_copy(void* source, size_t bytes, SharedArena& arena, PageSharing sharing) {
   if (bytes == 0) throw InvalidArgument("a shared copy needs at least one byte");
   const size_t page = page_size();
   const auto address = reinterpret_cast<uintptr_t>(source);
@@ -213,7 +217,7 @@ SharedCopy make_shared_copy(void* source, size_t bytes, const std::string& dir,
   }
   bool share = sharing == PageSharing::kWhereSafe &&
                refusal(source, bytes, detail::read_process_mappings()).empty();
-  copy.segment = SharedSegment::create(*segment_bytes, dir, SharedSegment::Reserve::kLater);
+  copy.segment = arena.allocate(*segment_bytes, SharedSegment::Reserve::kLater);
   SharedSegment& segment = *copy.segment;
   share = share && segment_can_hold_the_pages(segment);
   if (share) SharedSegment::remember_mapped_privately(segment);
@@ -231,7 +235,7 @@ SharedCopy make_shared_copy(void* source, size_t bytes, const std::string& dir,
     if (share && map_from < map_to) {
       void* mapped = ::mmap(reinterpret_cast<void*>(base + map_from), map_to - map_from,
                             PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, segment.fd(),
-                            static_cast<off_t>(map_from));
+                            static_cast<off_t>(segment.file_offset() + map_from));
       if (mapped == MAP_FAILED) {
         share = false;  // the rest keeps its own pages
         restore_if_unmapped(base + map_from, map_to - map_from, segment.data() + map_from);

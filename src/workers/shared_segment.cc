@@ -15,10 +15,14 @@
 #include <mutex>
 #include <random>
 #include <set>
+#include <tuple>
 
 #include "io/file_io.h"
 #include "io/proc_maps.h"
+#include "leanloader/core/checked_size.h"
 #include "leanloader/core/error.h"
+#include "leanloader/workers/shared_arena.h"
+#include "workers/shared_file.h"
 
 namespace leanloader {
 
@@ -54,7 +58,10 @@ std::string mib(uint64_t bytes) {
   return std::to_string(tenths / 10) + "." + std::to_string(tenths % 10) + " MiB";
 }
 
-// An ENOSPC from posix_fallocate, with what a user needs to fix it.
+}  // namespace
+
+namespace detail {
+
 [[noreturn]] void throw_no_space(const std::string& dir, size_t size) {
   if (dir.empty()) {
     throw Error("cannot reserve " + std::to_string(size) + " bytes (" + mib(size) +
@@ -76,7 +83,7 @@ std::string mib(uint64_t bytes) {
   throw Error(message, ErrorKind::kIo, ENOSPC);
 }
 
-}  // namespace
+}  // namespace detail
 
 int shared_mapping_descriptor(const void* address, size_t bytes) {
   const auto start = reinterpret_cast<uintptr_t>(address);
@@ -110,11 +117,15 @@ std::string default_shm_dir() {
   return "";
 }
 
-SharedSegment::SharedSegment(std::byte* data, size_t size, int fd, std::string path, bool writable,
-                             bool copy_on_write)
+SharedFile::~SharedFile() {
+  if (fd >= 0) ::close(fd);
+}
+
+SharedSegment::SharedSegment(std::byte* data, size_t size, std::shared_ptr<const SharedFile> file,
+                             size_t file_offset, bool writable, bool copy_on_write)
     : Storage(data, size, StorageKind::kHeap),  // leanloader-owned memory (shmem)
-      fd_(fd),
-      path_(std::move(path)),
+      file_(std::move(file)),
+      file_offset_(file_offset),
       writable_(writable || copy_on_write),
       copy_on_write_(copy_on_write) {}
 
@@ -124,7 +135,8 @@ void SharedSegment::register_segment(const std::shared_ptr<SharedSegment>& segme
   r.by_start[reinterpret_cast<uintptr_t>(segment->data())] = {segment->size(), segment};
 }
 
-void SharedSegment::remember_mapped_privately(const SharedSegment& segment) {
+void SharedSegment::remember_mapped_privately(SharedSegment& segment) {
+  segment.mapped_privately_ = true;
   struct stat st {};
   if (::fstat(segment.fd(), &st) != 0) return;
   Registry& r = registry();
@@ -146,10 +158,14 @@ SharedSegment::~SharedSegment() {
     if (it != r.by_start.end() && it->second.second.expired()) r.by_start.erase(it);
   }
   if (data_ != nullptr) ::munmap(data_, size_);
-  if (fd_ >= 0) ::close(fd_);
+  if (arena_ != nullptr) {
+    const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    arena_->release(file_offset_, (size_ + page - 1) / page * page, forks_at_creation_,
+                    mapped_privately_);
+  }
 }
 
-namespace {
+namespace detail {
 
 // A new file of shared memory that has no name anywhere, so that nothing can
 // be left behind whatever ends the process (SIGKILL included): a memfd when
@@ -179,39 +195,89 @@ int create_unnamed_file(const std::string& dir, std::string& path, bool& unlink_
   return fd;
 }
 
-}  // namespace
+std::shared_ptr<const SharedFile> create_shared_file(const std::string& dir, size_t size,
+                                                     SharedSegment::Reserve reserve) {
+  std::string path;
+  bool named = false;
+  const int fd = create_unnamed_file(dir, path, named);
+  // Unnamed from here on, whichever way the file was made.
+  if (named) ::unlink(path.c_str());
+  auto file = std::make_shared<const SharedFile>(fd, path);
+  if (size == 0) return file;
+  const int reserve_error = reserve == SharedSegment::Reserve::kNow
+                                ? ::posix_fallocate(fd, 0, static_cast<off_t>(size))
+                                : (::ftruncate(fd, static_cast<off_t>(size)) == 0 ? 0 : errno);
+  if (reserve_error != 0) {
+    if (reserve_error == ENOSPC || reserve_error == ENOMEM) throw_no_space(dir, size);
+    throw IoError("cannot reserve " + std::to_string(size) + " bytes for", path, reserve_error);
+  }
+  return file;
+}
+
+std::string directory_of(const SharedFile& file) {
+  if (file.path.rfind("memfd:", 0) == 0) return std::string();
+  const size_t slash = file.path.rfind('/');
+  return slash == std::string::npos ? std::string(".") : file.path.substr(0, slash);
+}
+
+void reserve_range(const SharedFile& file, size_t offset, size_t bytes) {
+  if (bytes == 0) return;
+  const int error_number =
+      ::posix_fallocate(file.fd, static_cast<off_t>(offset), static_cast<off_t>(bytes));
+  if (error_number == 0) return;
+  if (error_number == ENOSPC || error_number == ENOMEM) {
+    throw_no_space(directory_of(file), bytes);
+  }
+  throw IoError("cannot reserve " + std::to_string(bytes) + " bytes for", file.path, error_number);
+}
+
+}  // namespace detail
 
 std::shared_ptr<SharedSegment> SharedSegment::create(size_t size, const std::string& dir_arg,
                                                      Reserve reserve) {
   if (size == 0) throw InvalidArgument("a shared memory segment needs a size above 0");
   const std::string dir = dir_arg.empty() ? default_shm_dir() : dir_arg;
-  std::string path;
-  bool named = false;
-  const int fd = create_unnamed_file(dir, path, named);
-  // Unnamed from here on, whichever way the segment was made.
-  if (named) ::unlink(path.c_str());
-  const int reserve_error = reserve == Reserve::kNow
-                                ? ::posix_fallocate(fd, 0, static_cast<off_t>(size))
-                                : (::ftruncate(fd, static_cast<off_t>(size)) == 0 ? 0 : errno);
-  if (reserve_error != 0) {
-    ::close(fd);
-    if (reserve_error == ENOSPC || reserve_error == ENOMEM) throw_no_space(dir, size);
-    throw IoError("cannot reserve " + std::to_string(size) + " bytes for", path, reserve_error);
-  }
-  void* data = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (data == MAP_FAILED) {
-    const int map_error = errno;
-    ::close(fd);
-    throw IoError("cannot map shared memory segment", path, map_error);
-  }
+  auto file = detail::create_shared_file(dir, size, reserve);
+  void* data = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, file->fd, 0);
+  if (data == MAP_FAILED) throw IoError("cannot map shared memory segment", file->path, errno);
   auto segment = std::shared_ptr<SharedSegment>(
-      new SharedSegment(static_cast<std::byte*>(data), size, fd, path, true, false));
+      new SharedSegment(static_cast<std::byte*>(data), size, std::move(file), 0, true, false));
   register_segment(segment);
   return segment;
 }
 
+std::shared_ptr<SharedSegment> SharedSegment::over_range(std::byte* data, size_t size,
+                                                         std::shared_ptr<const SharedFile> file,
+                                                         size_t file_offset,
+                                                         std::shared_ptr<SharedArena> arena) {
+  auto segment = std::shared_ptr<SharedSegment>(
+      new SharedSegment(data, size, std::move(file), file_offset, true, false));
+  segment->arena_ = std::move(arena);
+  segment->forks_at_creation_ = forks_of_this_process();
+  register_segment(segment);
+  return segment;
+}
+
+namespace {
+
+// The descriptors of files attached in this process, so that segments
+// attached from one file (an arena's ranges) share one: by (st_dev, st_ino,
+// opened for writing).
+struct AttachedFiles {
+  std::mutex mutex;
+  std::map<std::tuple<uint64_t, uint64_t, bool>, std::weak_ptr<const SharedFile>> by_inode;
+};
+
+AttachedFiles& attached_files() {
+  static auto* instance = new AttachedFiles();  // never destroyed: segments may outlive statics
+  return *instance;
+}
+
+}  // namespace
+
 std::shared_ptr<SharedSegment> SharedSegment::attach(const std::string& path, bool writable,
-                                                     bool copy_on_write) {
+                                                     bool copy_on_write, size_t file_offset,
+                                                     size_t size) {
   const bool shared_write = writable && !copy_on_write;
   const int fd = ::open(path.c_str(), (shared_write ? O_RDWR : O_RDONLY) | O_CLOEXEC);
   if (fd < 0) throw IoError("cannot open shared memory segment", path, errno);
@@ -221,26 +287,45 @@ std::shared_ptr<SharedSegment> SharedSegment::attach(const std::string& path, bo
     ::close(fd);
     throw IoError("cannot stat shared memory segment", path, error_number);
   }
-  const auto size = static_cast<size_t>(st.st_size);
+  std::shared_ptr<const SharedFile> file;
+  {
+    AttachedFiles& files = attached_files();
+    std::lock_guard<std::mutex> lock(files.mutex);
+    auto& known = files.by_inode[{static_cast<uint64_t>(st.st_dev),
+                                  static_cast<uint64_t>(st.st_ino), shared_write}];
+    file = known.lock();
+    if (file == nullptr) {
+      file = std::make_shared<const SharedFile>(fd, path);
+      known = file;
+    } else {
+      ::close(fd);
+    }
+  }
+  const auto file_bytes = static_cast<size_t>(st.st_size);
   if (size == 0) {
-    ::close(fd);
-    throw InvalidArgument("shared memory segment '" + path + "' is empty");
+    if (file_offset >= file_bytes) {
+      throw InvalidArgument("shared memory segment '" + path + "' is empty");
+    }
+    size = file_bytes - file_offset;
+  }
+  const auto end = checked_add(file_offset, size);
+  if (!end || *end > file_bytes || file_offset % static_cast<size_t>(::sysconf(_SC_PAGESIZE))) {
+    throw InvalidArgument("shared memory segment '" + path + "' of " + std::to_string(file_bytes) +
+                          " bytes has no page-aligned range of " + std::to_string(size) +
+                          " bytes at offset " + std::to_string(file_offset));
   }
   const int protection = PROT_READ | (writable || copy_on_write ? PROT_WRITE : 0);
-  void* data = ::mmap(nullptr, size, protection, copy_on_write ? MAP_PRIVATE : MAP_SHARED, fd, 0);
-  if (data == MAP_FAILED) {
-    const int error_number = errno;
-    ::close(fd);
-    throw IoError("cannot map shared memory segment", path, error_number);
-  }
-  auto segment = std::shared_ptr<SharedSegment>(
-      new SharedSegment(static_cast<std::byte*>(data), size, fd, path, writable, copy_on_write));
+  void* data = ::mmap(nullptr, size, protection, copy_on_write ? MAP_PRIVATE : MAP_SHARED, file->fd,
+                      static_cast<off_t>(file_offset));
+  if (data == MAP_FAILED) throw IoError("cannot map shared memory segment", path, errno);
+  auto segment = std::shared_ptr<SharedSegment>(new SharedSegment(
+      static_cast<std::byte*>(data), size, std::move(file), file_offset, writable, copy_on_write));
   register_segment(segment);
   return segment;
 }
 
 std::string SharedSegment::attach_path() const {
-  return "/proc/" + std::to_string(::getpid()) + "/fd/" + std::to_string(fd_);
+  return "/proc/" + std::to_string(::getpid()) + "/fd/" + std::to_string(fd());
 }
 
 void SharedSegment::check_range(size_t offset, size_t bytes, const char* what) const {
@@ -253,22 +338,11 @@ void SharedSegment::check_range(size_t offset, size_t bytes, const char* what) c
 
 void SharedSegment::reserve(size_t offset, size_t bytes) {
   check_range(offset, bytes, "reservation");
-  if (bytes == 0) return;
-  const int error_number =
-      ::posix_fallocate(fd_, static_cast<off_t>(offset), static_cast<off_t>(bytes));
-  if (error_number == 0) return;
-  if (error_number == ENOSPC || error_number == ENOMEM) {
-    const size_t slash = path_.rfind('/');
-    throw_no_space(path_.rfind("memfd:", 0) == 0 ? std::string()
-                   : slash == std::string::npos  ? std::string(".")
-                                                 : path_.substr(0, slash),
-                   bytes);
-  }
-  throw IoError("cannot reserve " + std::to_string(bytes) + " bytes for", path_, error_number);
+  detail::reserve_range(*file_, file_offset_ + offset, bytes);
 }
 
 void SharedSegment::write(size_t offset, const void* src, size_t bytes) {
-  if (!writable_) throw InvalidArgument("shared memory segment '" + path_ + "' is read-only");
+  if (!writable_) throw InvalidArgument("shared memory segment '" + path() + "' is read-only");
   check_range(offset, bytes, "write");
   if (bytes > 0) std::memcpy(data_ + offset, src, bytes);
 }

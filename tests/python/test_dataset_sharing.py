@@ -26,7 +26,6 @@ torch = pytest.importorskip("torch")
 from torch.utils.data import Dataset  # noqa: E402
 
 import leanloader as ll  # noqa: E402
-from leanloader import _core  # noqa: E402
 from leanloader.memory import process_tree_memory  # noqa: E402
 
 MIB = 1 << 20
@@ -331,6 +330,46 @@ def test_arrays_larger_than_a_small_dev_shm_reach_the_workers():
     assert "same 10" in result.stdout
 
 
+MANY_UNDER_FD_LIMIT = textwrap.dedent(
+    """
+    import os, resource, sys
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+    sys.path.insert(0, {tests!r})
+    import torch
+    import leanloader as ll
+    from leanloader import _core
+    from test_dataset_sharing import ManyArrays
+
+    if __name__ == "__main__":
+        # 1,500 pre-decoded images of 1.1 MiB, each an array of its own
+        dataset = ManyArrays(count=1500, elements=288 * 1024)
+        loader = ll.DataLoader(dataset, batch_size=100, num_workers=2)
+        ours = [b.tolist() for b in loader]
+        descriptors = len(os.listdir("/proc/self/fd"))
+        theirs = [b.tolist() for b in torch.utils.data.DataLoader(
+            dataset, batch_size=100, num_workers=2, multiprocessing_context="fork")]
+        assert ours == theirs, (ours[0][:2], theirs[0][:2])
+        print("same", len(ours), "descriptors", descriptors,
+              "segments", len(loader.dataset_sharing().segments))
+    """
+)
+
+
+def test_1500_arrays_reach_the_workers_under_the_usual_descriptor_limit():
+    # One arena file for all shared copies: one descriptor in the main
+    # process and one in each worker, not one per array.
+    script = MANY_UNDER_FD_LIMIT.format(tests=str(Path(__file__).parent))
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    words = result.stdout.split()
+    assert words[:2] == ["same", "15"], result.stdout
+    assert int(words[3]) < 100, result.stdout  # descriptors open after the pass
+    assert words[5] == "1500", result.stdout
+
+
 # --- what is a file stays a file ----------------------------------------------------------
 
 
@@ -408,13 +447,38 @@ class NumpyBackedCache(Dataset):
         return self.cache[i, :4].clone()
 
 
+NON_RESIZABLE = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, {tests!r})
+    import leanloader as ll
+    from leanloader import _core
+    from test_dataset_sharing import MIB, NumpyBackedCache
+
+    if __name__ == "__main__":
+        dataset = NumpyBackedCache()
+        assert not dataset.cache.untyped_storage().resizable()
+        print("refusal:", _core.page_sharing_refusal(dataset.cache.data_ptr(), 48 * MIB))
+        loader = ll.DataLoader(dataset, batch_size=4, num_workers=1)
+        assert all(v == 5 for batch in loader for row in batch.tolist() for v in row)
+        assert int(dataset.cache.sum()) == 5 * 48 * MIB
+        print("shared_page_bytes:", loader.dataset_sharing().shared_page_bytes)
+    """
+)
+
+
 def test_a_non_resizable_tensor_over_a_malloc_block_shares_its_pages():
-    dataset = NumpyBackedCache()
-    assert not dataset.cache.untyped_storage().resizable()
-    if "allocator" in _core.page_sharing_refusal(dataset.cache.data_ptr(), 48 * MIB):
+    # In a fresh interpreter: after earlier tests free large blocks, glibc may
+    # serve 48 MiB from the top of its heap instead of mapping a block of its
+    # own (a heap block is copied, not shared: shared_copy.h).
+    script = NON_RESIZABLE.format(tests=str(Path(__file__).parent))
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = dict(line.split(": ", 1) for line in result.stdout.splitlines() if ": " in line)
+    if "allocator" in lines.get("refusal", ""):
         pytest.skip("this process's malloc is not glibc's: copies stay plain copies")
-    loader = _ll_loader(dataset)
-    assert all(v == 5 for batch in _pass(loader) for row in batch for v in row)
+    assert lines["refusal"] == "", result.stdout
     # one copy in all: the tensor's pages are the copy's
-    assert loader.dataset_sharing().shared_page_bytes >= 48 * MIB - 2 * 4096
-    assert int(dataset.cache.sum()) == 5 * 48 * MIB
+    assert int(lines["shared_page_bytes"]) >= 48 * MIB - 2 * 4096, result.stdout

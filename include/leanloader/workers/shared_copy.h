@@ -39,6 +39,7 @@
 #include <memory>
 #include <string>
 
+#include "leanloader/workers/shared_arena.h"
 #include "leanloader/workers/shared_segment.h"
 
 namespace leanloader {
@@ -57,15 +58,16 @@ enum class PageSharing {
   kWhereSafe,  // share the source's pages when the rules above allow it
 };
 
-// Copies `bytes` (> 0) bytes at `source` into a new segment in `dir`
-// (default_shm_dir() when empty) and, with kWhereSafe, maps the source's
-// pages from it where the rules above allow. Contract: with kWhereSafe,
-// `source` must be the pointer the allocator returned for the block (NumPy:
-// an array that owns its data; torch: a resizable storage's data pointer),
-// and no other thread may write the block while this runs (a write between
-// the copy and the mapping of its page would be lost; Python callers hold the
-// GIL). Throws IoError (ENOSPC names the directory and its free space); the
-// source keeps its bytes whatever happens.
+// Copies `bytes` (> 0) bytes at `source` into a new segment of `arena` and, with kWhereSafe, maps
+// the source's pages from it where the rules above allow. Contract: with kWhereSafe, `source` must
+// be the pointer the allocator returned for the block (NumPy: an array that owns its data; torch: a
+// resizable storage's data pointer), and no other thread may write the block while this runs (a
+// write between the copy and the mapping of its page would be lost; Python callers hold the GIL).
+// Throws IoError (ENOSPC names the directory and its free space); the source keeps its bytes
+// whatever happens.
+SharedCopy make_shared_copy(void* source, size_t bytes, SharedArena& arena, PageSharing sharing);
+
+// The same in an arena of its own, in `dir` (default_shm_dir() when empty).
 SharedCopy make_shared_copy(void* source, size_t bytes, const std::string& dir,
                             PageSharing sharing);
 

@@ -19,8 +19,13 @@
 //     mapping. Other processes attach through /proc/<owner pid>/fd/<fd> (see
 //     attach()), which works for unnamed files while the owner lives.
 //
-// Ownership: a SharedSegment owns its descriptor and its mapping; both are
-// released when the last shared_ptr goes away. It is a Storage, so Tensors
+// A segment maps a whole file, or one range of a SharedArena's file (many
+// arrays, one descriptor: see shared_arena.h); attach() may map one range.
+//
+// Ownership: a SharedSegment owns its mapping and shares its file's
+// descriptor (SharedFile) with the other segments of the same file in this
+// process; the mapping is released when the last shared_ptr goes away, the
+// descriptor with the last segment of the file. It is a Storage, so Tensors
 // can view it and keep it alive. Thread-safety: immutable after construction;
 // the bytes are plain shared memory (callers coordinate writers).
 #pragma once
@@ -45,6 +50,20 @@ std::string default_shm_dir();
 // "/proc/<pid>/fd/<fd>". Reads /proc/self/maps and /proc/self/fd.
 int shared_mapping_descriptor(const void* address, size_t bytes);
 
+class SharedArena;
+
+// A descriptor of a shared memory file and what names it in messages; closed
+// when the last segment that maps part of the file goes.
+struct SharedFile {
+  SharedFile(int fd_arg, std::string path_arg) : fd(fd_arg), path(std::move(path_arg)) {}
+  ~SharedFile();
+  SharedFile(const SharedFile&) = delete;
+  SharedFile& operator=(const SharedFile&) = delete;
+
+  const int fd;
+  const std::string path;
+};
+
 class SharedSegment final : public Storage {
  public:
   enum class Reserve {
@@ -61,7 +80,10 @@ class SharedSegment final : public Storage {
                                                Reserve reserve = Reserve::kNow);
 
   // Maps an existing segment through `path`, usually "/proc/<pid>/fd/<fd>"
-  // of the process that created it. The whole file is mapped:
+  // of the process that created it: `size` bytes from `file_offset` (a
+  // multiple of the page size), or with size 0 the whole file. Segments
+  // attached from one file share one descriptor (a worker attaching a
+  // thousand arrays of one arena holds one). The range is mapped:
   //   writable, !copy_on_write: shared read-write (writes reach every process)
   //   !writable:                read-only
   //   copy_on_write:            pages are shared until this process writes
@@ -70,16 +92,20 @@ class SharedSegment final : public Storage {
   //                             the pages actually written).
   // Throws IoError.
   static std::shared_ptr<SharedSegment> attach(const std::string& path, bool writable = true,
-                                               bool copy_on_write = false);
+                                               bool copy_on_write = false, size_t file_offset = 0,
+                                               size_t size = 0);
 
   ~SharedSegment() override;
 
   // The descriptor that keeps the memory alive in this process.
-  int fd() const noexcept { return fd_; }
+  int fd() const noexcept { return file_->fd; }
+  // Where the segment starts in its file (0 unless it is a range of an
+  // arena's file).
+  size_t file_offset() const noexcept { return file_offset_; }
   // What names it in messages: "memfd:leanloader-<pid>-<n>-<salt>", the
   // directory and unique name it was made in (never linked there), or the
   // attach path.
-  const std::string& path() const noexcept { return path_; }
+  const std::string& path() const noexcept { return file_->path; }
   bool writable() const noexcept { return writable_; }
   bool copy_on_write() const noexcept { return copy_on_write_; }
 
@@ -104,7 +130,7 @@ class SharedSegment final : public Storage {
   // Records that this process maps pages of `segment`'s file privately over
   // memory of its own (shared_copy's page sharing), so that
   // mapped_privately_here() knows the file. Thread-safe.
-  static void remember_mapped_privately(const SharedSegment& segment);
+  static void remember_mapped_privately(SharedSegment& segment);
 
   // Whether the file (st_dev, st_ino) is a segment remembered above, alive
   // or not: a mapping of it may be replaced again (see shared_copy).
@@ -112,16 +138,33 @@ class SharedSegment final : public Storage {
   static bool mapped_privately_here(uint64_t device, uint64_t inode);
 
  private:
-  SharedSegment(std::byte* data, size_t size, int fd, std::string path, bool writable,
-                bool copy_on_write);
+  friend class SharedArena;
+
+  SharedSegment(std::byte* data, size_t size, std::shared_ptr<const SharedFile> file,
+                size_t file_offset, bool writable, bool copy_on_write);
   static void register_segment(const std::shared_ptr<SharedSegment>& segment);
+  // A segment over `size` bytes at `data`, the shared mapping of `file` from
+  // `file_offset`, given back to `arena` when it goes (SharedArena::allocate).
+  static std::shared_ptr<SharedSegment> over_range(std::byte* data, size_t size,
+                                                   std::shared_ptr<const SharedFile> file,
+                                                   size_t file_offset,
+                                                   std::shared_ptr<SharedArena> arena);
 
   void check_range(size_t offset, size_t bytes, const char* what) const;
 
-  int fd_;
-  std::string path_;
+  std::shared_ptr<const SharedFile> file_;
+  size_t file_offset_;
   bool writable_;
   bool copy_on_write_;
+  // The arena whose range this is (given back when the segment goes), or null.
+  std::shared_ptr<SharedArena> arena_;
+  // Which fork of this process came last when the range was made (see
+  // SharedArena: a range a forked child may map is never punched).
+  uint64_t forks_at_creation_ = 0;
+  // Whether this process mapped pages of the range privately over memory of
+  // its own (shared_copy's page sharing): the range is punched only once no
+  // such mapping is left.
+  bool mapped_privately_ = false;
 };
 
 }  // namespace leanloader

@@ -32,11 +32,11 @@ from leanloader import _core
 from leanloader.dataloader.worker import (
     NUMPY_TO_NAME,
     identity,
+    range_reference,
     rebuild_array,
     rebuild_file_array,
     rebuild_file_tensor,
     rebuild_tensor,
-    segment_reference,
     torch_dtype_names,
 )
 
@@ -108,6 +108,10 @@ class DatasetSharing:
         self.torch = sys.modules.get("torch")
         self._used: dict[int, Any] = {}  # segments referenced since take_used()
         self._moved: dict[int, Any] = {}  # during one dump: old storage address -> moved
+        # Where this dump's new copies go: one file (one descriptor here and
+        # in each worker) for all of them (_core.SharedArena). A new arena per
+        # dump, so that a pass's copies are freed together with their file.
+        self._arena: Any = None
 
     @property
     def segments(self) -> list[Any]:
@@ -165,8 +169,16 @@ class DatasetSharing:
             and _core.find_shared_segment(value.__array_interface__["data"][0]) is None
         )
 
+    def _arena_now(self) -> Any:
+        if self._arena is None:
+            self._arena = _core.SharedArena(self.shm_dir)
+        return self._arena
+
+    def _new_segment(self, nbytes: int) -> Any:
+        return self._arena_now().allocate(max(1, int(nbytes)))
+
     def _to_segment(self, array: Any, np: Any) -> tuple[Any, Any]:
-        segment = _core.SharedSegment.create(max(1, int(array.nbytes)), self.shm_dir)
+        segment = self._new_segment(array.nbytes)
         segment.write(0, np.ascontiguousarray(array))
         shared = segment.array(0, NUMPY_TO_NAME[array.dtype.str], list(array.shape), "numpy")
         return shared.view(array.dtype), segment
@@ -176,6 +188,7 @@ class DatasetSharing:
         (inside Process.start()), multiprocessing's own reducers apply too:
         Value, Lock, Event, Queue... are sent as the start method sends them."""
         self._drop_orphans()
+        self._arena = None  # (its segments keep it while they live)
         buffer = io.BytesIO()
         try:
             SharingPickler(buffer, self, forking).dump(obj)
@@ -205,7 +218,7 @@ class DatasetSharing:
         returned) whose pages the block then shares where that is safe:
         (segment, offset of the copy in it)."""
         share = SHARE_PAGES and _page_sharing_safe()
-        segment, offset, shared = _core.shared_copy(address, nbytes, self.shm_dir, share)
+        segment, offset, shared = _core.shared_copy(address, nbytes, self._arena_now(), share)
         self.shared_page_bytes += shared
         return segment, offset
 
@@ -261,7 +274,7 @@ class DatasetSharing:
         offset = address - segment.address
         return (
             rebuild_array,
-            (segment_reference(self._use(segment)), offset, array.dtype.str, array.shape, copy),
+            (range_reference(self._use(segment)), offset, array.dtype.str, array.shape, copy),
         )
 
     def reduce_tensor(self, tensor: Any) -> Any:
@@ -297,7 +310,7 @@ class DatasetSharing:
             segment = _core.find_shared_segment(storage.data_ptr())
         offset = storage.data_ptr() - segment.address
         return _tensor_reduction(
-            tensor, segment_reference(self._use(segment)), offset, storage.nbytes(), copy=copy
+            tensor, range_reference(self._use(segment)), offset, storage.nbytes(), copy=copy
         )
 
     def _copy_storage(self, tensor: Any) -> Any:
@@ -319,7 +332,7 @@ class DatasetSharing:
             raw = segment.array(offset, "U8", [old.nbytes()], "torch")
         else:
             # pinned (page-locked memory is not remapped): a plain copy
-            segment = _core.SharedSegment.create(max(1, old.nbytes()), self.shm_dir)
+            segment = self._new_segment(old.nbytes())
             raw = segment.array(0, "U8", [old.nbytes()], "torch")
             raw.copy_(torch.empty(0, dtype=torch.uint8).set_(old))
         shared_storage = raw.untyped_storage()
@@ -339,7 +352,7 @@ class DatasetSharing:
         old = tensor.untyped_storage()
         shared_storage = self._moved.get(old.data_ptr())
         if shared_storage is None:
-            segment = _core.SharedSegment.create(max(1, old.nbytes()), self.shm_dir)
+            segment = self._new_segment(old.nbytes())
             self.in_place_segments.append(segment)
             raw = segment.array(0, "U8", [old.nbytes()], "torch")
             raw.copy_(torch.empty(0, dtype=torch.uint8).set_(old))
@@ -376,7 +389,7 @@ def file_array_reference(array: Any, min_bytes: int) -> tuple | None:
 
 
 def _tensor_reduction(
-    tensor: Any, reference: tuple[int, int, int], offset: int, storage_bytes: int, copy: bool
+    tensor: Any, reference: tuple[int, ...], offset: int, storage_bytes: int, copy: bool
 ) -> tuple[Any, tuple[Any, ...]]:
     import torch
 

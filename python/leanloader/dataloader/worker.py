@@ -89,27 +89,41 @@ def torch_dtype_names() -> dict[Any, str]:
 
 # --- shared segments ------------------------------------------------------------------
 
-# (owner pid, fd, inode, mode) -> SharedSegment mapped in this process.
-_SEGMENTS: dict[tuple[int, int, int, str], Any] = {}
+# (owner pid, fd, inode, file offset, mode) -> SharedSegment mapped in this process.
+_SEGMENTS: dict[tuple[int, int, int, int, str], Any] = {}
 atexit.register(_SEGMENTS.clear)  # released while the extension module is intact
 
 
 def segment_reference(segment: Any) -> tuple[int, int, int]:
-    """How another process finds `segment` (created in this process)."""
+    """How another process finds `segment` (created in this process and the
+    whole of its file: a batch pool, a worker's batch)."""
     return (os.getpid(), int(segment.fd), os.fstat(segment.fd).st_ino)
 
 
-def attach_segment(owner: int, fd: int, inode: int, mode: str = "shared") -> Any:
-    """Maps segment `fd` of process `owner` once per process and `mode`:
+def range_reference(segment: Any) -> tuple[int, int, int, int, int]:
+    """How another process finds `segment`, a range of an arena's file (a
+    shared copy of a dataset's array) created in this process:
+    attach_segment's first five arguments."""
+    return (*segment_reference(segment), int(segment.file_offset), int(segment.size))
+
+
+def attach_segment(
+    owner: int, fd: int, inode: int, file_offset: int = 0, size: int = 0, mode: str = "shared"
+) -> Any:
+    """Maps `size` bytes from `file_offset` of the file behind descriptor `fd`
+    of process `owner` (size 0: the whole file), once per process and `mode`:
     "shared" (read-write, writes reach every process), "read" (read-only) or
-    "private" (copy-on-write: writes stay in this process)."""
-    key = (owner, fd, inode, mode)
+    "private" (copy-on-write: writes stay in this process). Ranges of one
+    file share one descriptor here."""
+    key = (owner, fd, inode, file_offset, mode)
     segment = _SEGMENTS.get(key)
     if segment is not None:
         return segment
     path = f"/proc/{owner}/fd/{fd}"
     try:
-        segment = _core.SharedSegment.attach(path, mode != "read", mode == "private")
+        segment = _core.SharedSegment.attach(
+            path, mode != "read", mode == "private", file_offset, size
+        )
     except FileNotFoundError:
         why = (
             "closed it (the object that shared it was dropped)"
@@ -131,7 +145,11 @@ def attach_segment(owner: int, fd: int, inode: int, mode: str = "shared") -> Any
 
 
 def rebuild_array(
-    reference: tuple[int, int, int], offset: int, dtype: str, shape: tuple, copy: bool = False
+    reference: tuple[int, int, int, int, int],
+    offset: int,
+    dtype: str,
+    shape: tuple,
+    copy: bool = False,
 ) -> Any:
     """A NumPy array in a shared segment of the main process, mapped
     copy-on-write: like the pickled copy torch gives each worker, writes stay
@@ -141,13 +159,13 @@ def rebuild_array(
     import numpy as np
 
     mode = "shared" if reference[0] == os.getpid() and not copy else "private"
-    segment = attach_segment(*reference, mode)
+    segment = attach_segment(*reference, mode=mode)
     array = segment.array(offset, NUMPY_TO_NAME[dtype], list(shape), "numpy")
     return array.view(np.dtype(dtype))
 
 
 def rebuild_tensor(
-    reference: tuple[int, int, int],
+    reference: tuple[int, int, int, int, int],
     offset: int,
     storage_bytes: int,
     dtype: str,
@@ -164,7 +182,7 @@ def rebuild_tensor(
     mapped copy-on-write, as a copy behaves (the user's tensor may share the
     copy's pages: see sharing.py)."""
 
-    segment = attach_segment(*reference, "private" if copy else "shared")
+    segment = attach_segment(*reference, mode="private" if copy else "shared")
     raw = segment.array(offset, "U8", [storage_bytes], "torch")
     return _tensor_over(raw, dtype, storage_offset, size, stride, requires_grad, parameter)
 
