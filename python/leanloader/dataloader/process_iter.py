@@ -716,6 +716,7 @@ atexit.register(_shutdown_all)
 # the workers forked from it share those pages (copy-on-write) instead of
 # each importing its own copy, as spawned workers do.
 FORK_SERVER_PRELOAD = ("torch", "numpy", "leanloader")
+FORK_SERVER_FREEZE = "leanloader.dataloader.fork_server_freeze"
 
 
 def preload_in_fork_server(dataset_module: str) -> None:
@@ -734,6 +735,8 @@ def preload_in_fork_server(dataset_module: str) -> None:
     for module in wanted:
         if module not in modules:
             modules.append(module)
+    # last: freezes what the modules above made (fork_server_freeze.py)
+    modules = [m for m in modules if m != FORK_SERVER_FREEZE] + [FORK_SERVER_FREEZE]
     forkserver.set_forkserver_preload(modules)
     start_fork_server_deaf_to_ctrl_c()
 

@@ -741,9 +741,15 @@ def apply_torch_state(state: dict[str, Any] | None) -> None:
 
     torch.set_default_dtype(state["default_dtype"])
     torch.set_grad_enabled(state["grad_enabled"])
-    torch.use_deterministic_algorithms(
-        state["deterministic"], warn_only=state["deterministic_warn_only"]
-    )
+    wanted = (state["deterministic"], state["deterministic_warn_only"])
+    if wanted != (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    ):
+        # Only when it changes something: the call imports torch._inductor
+        # (sympy and ~800 modules: 100 MiB of private memory and seconds of
+        # start-up in every worker).
+        torch.use_deterministic_algorithms(wanted[0], warn_only=wanted[1])
 
 
 def identity(value: Any) -> Any:
