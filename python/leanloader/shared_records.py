@@ -99,7 +99,7 @@ def _attach_records(owner: int, fd: int, inode: int) -> SharedRecords:
     key = (owner, fd, inode)
     buffer = _ATTACHED.get(key)
     if buffer is None:
-        from leanloader.dataloader.worker import attach_segment
+        from leanloader.dataloader.segments import attach_segment
 
         segment = attach_segment(owner, fd, inode, mode="read")
         buffer = _core.SharedRecordsBuffer.attach(segment)

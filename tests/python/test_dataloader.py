@@ -35,7 +35,7 @@ from torch.utils.data._utils.collate import default_collate  # noqa: E402
 
 import leanloader as ll  # noqa: E402
 from leanloader import _core  # noqa: E402
-from leanloader.dataloader import worker as worker_module  # noqa: E402
+from leanloader.dataloader import batch_template, segments  # noqa: E402
 from leanloader.memory import process_tree_memory  # noqa: E402
 
 # --- datasets -------------------------------------------------------------------------------
@@ -245,8 +245,8 @@ def test_default_collate_written_into_the_slot_equals_torchs(dataset):
     ours, theirs = _both(dataset, batch_size=4, num_workers=2)
     _assert_same(ours, theirs)
     samples = [Mixed()[i] for i in range(4)]
-    planned = worker_module.plan_stacked(
-        worker_module.UncollatedBatch(samples, default_collate), worker_module.torch_dtype_names()
+    planned = batch_template.plan_stacked(
+        batch_template.UncollatedBatch(samples, default_collate), segments.torch_dtype_names()
     )
     assert planned is not None and planned[2] > 0  # rows, not a whole collate
 

@@ -6,15 +6,12 @@ native threads, or the single-process iterator."""
 from __future__ import annotations
 
 import multiprocessing
-import pickle
-import sys
 import warnings
 from typing import Any, TypeVar
 
 try:
     import torch
     from torch.utils.data import DataLoader as _TorchDataLoader
-    from torch.utils.data.datapipes.datapipe import IterDataPipe, MapDataPipe
 except ImportError:  # pragma: no cover - exercised without torch only
     raise ImportError(
         "ll.DataLoader wraps torch.utils.data datasets and needs torch; "
@@ -24,6 +21,8 @@ except ImportError:  # pragma: no cover - exercised without torch only
 from leanloader.dataloader import state as loader_state
 from leanloader.dataloader.pin import pin_setup, pinned, stop_previous_pass
 from leanloader.dataloader.process_iter import ProcessIterator
+from leanloader.dataloader.script_guard import refuse_unguarded_main
+from leanloader.dataloader.sharing import pickling_error
 from leanloader.dataloader.single_iter import SingleProcessIterator
 from leanloader.dataloader.thread_iter import ThreadIterator
 from leanloader.dataloader.worker import WorkerSetup
@@ -34,21 +33,6 @@ FORK_REFUSED = (
     "fails at random batches (see pytorch/pytorch#45198, #40403). Use 'forkserver' (the "
     "default) or 'spawn', create the loader's workers before the first GPU call, or pass "
     "force_fork=True to fork anyway."
-)
-UNGUARDED_MAIN = (
-    "ll.DataLoader was asked to start worker processes while {script} was being re-imported "
-    "by a worker process: with the spawn start method every worker imports the main module, "
-    "so a script whose loader code runs at the top level starts loaders again in each worker. "
-    "Fix: put the code that builds and iterates the loader under "
-    '`if __name__ == "__main__":`, or pass worker_mode="thread" (no worker processes).'
-)
-UNGUARDED_MAIN_NEEDED = (
-    "ll.DataLoader cannot start worker processes from the top level of {script} (line "
-    '{line}), outside `if __name__ == "__main__":`: the dataset, collate_fn or '
-    "worker_init_fn is defined in that script, so every worker would import it and run the "
-    "script's top level, training included, again. Fix: put the code that builds and "
-    'iterates the loader under `if __name__ == "__main__":`, move what the workers need into '
-    'a module of its own, or pass worker_mode="thread" (no worker processes).'
 )
 DEFAULT_WARN_COPY_BYTES = 64 << 20
 # How workers start when multiprocessing_context is None (see DataLoader._context).
@@ -210,7 +194,7 @@ class DataLoader(_TorchDataLoader[_T_co]):
         self.check_worker_number_rationality()
         if self.worker_mode == "thread":
             return ThreadIterator(self)
-        _refuse_unguarded_main()
+        refuse_unguarded_main()
         self._refuse_fork()  # (the context may have been set after construction)
         return ProcessIterator(self)
 
@@ -272,88 +256,6 @@ class DataLoader(_TorchDataLoader[_T_co]):
         if iterator is not None:
             iterator._shutdown_workers()
             self.__dict__["_iterator"] = None
-
-
-def _refuse_unguarded_main() -> None:
-    """In a spawned process that is still importing the main module (a worker
-    re-running a script without a main guard), starting workers again cannot
-    work: say why and how to fix it, in this process and (through the exit
-    status) in the one that started it."""
-    process = multiprocessing.current_process()
-    if not getattr(process, "_inheriting", False):
-        return
-    from leanloader.dataloader.worker import UNGUARDED_EXIT
-
-    main = sys.modules.get("__main__")
-    script = (
-        getattr(main, "__file__", None) or (sys.argv[0] if sys.argv else "") or "the main module"
-    )
-    sys.stderr.write(UNGUARDED_MAIN.format(script=script) + "\n")
-    sys.stderr.flush()
-    import os
-
-    os._exit(UNGUARDED_EXIT)
-
-
-def unguarded_main_line() -> tuple[str, int] | None:
-    """(script, line) when the main script's top level is running right now
-    outside an `if __name__ == "__main__":` block (the caller is that code),
-    else None."""
-    main = sys.modules.get("__main__")
-    script = getattr(main, "__file__", None)
-    if main is None or not script:
-        return None
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code.co_name == "<module>" and frame.f_globals is main.__dict__:
-            break
-        frame = frame.f_back
-    if frame is None:
-        return None
-    line = frame.f_lineno
-    try:
-        import ast
-
-        with open(script, encoding="utf-8") as source:
-            tree = ast.parse(source.read())
-    except (OSError, SyntaxError, ValueError):
-        return None
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and _is_main_guard(node.test):
-            first, last = node.body[0].lineno, node.body[-1].end_lineno or node.body[-1].lineno
-            if first <= line <= last:
-                return None
-    return script, line
-
-
-def _is_main_guard(test: Any) -> bool:
-    import ast
-
-    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and len(test.comparators) == 1):
-        return False
-    sides = [test.left, test.comparators[0]]
-    names = [side.id for side in sides if isinstance(side, ast.Name)]
-    constants = [side.value for side in sides if isinstance(side, ast.Constant)]
-    return names == ["__name__"] and constants == ["__main__"] and isinstance(test.ops[0], ast.Eq)
-
-
-def pickling_error(setup: WorkerSetup, error: Exception) -> pickle.PicklingError:
-    from leanloader.audit import _unpicklable_fix, find_unpicklable
-
-    for name, value in (("dataset", setup.dataset), ("collate_fn", setup.collate_fn),
-                        ("worker_init_fn", setup.worker_init_fn)):  # fmt: skip
-        failing = find_unpicklable(value, name)
-        if failing is not None:
-            path, message, culprit = failing
-            return pickle.PicklingError(
-                f"cannot send the dataset to worker processes: {path} cannot be pickled "
-                f"({message}); {_unpicklable_fix(culprit)}, or use num_workers=0"
-            )
-    return pickle.PicklingError(f"cannot send the dataset to worker processes: {error}")
-
-
-def is_datapipe(dataset: Any) -> bool:
-    return isinstance(dataset, (IterDataPipe, MapDataPipe))
 
 
 __all__ = ["DataLoader", "torch"]

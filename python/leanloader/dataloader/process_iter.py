@@ -5,7 +5,6 @@ returned through shared slots."""
 from __future__ import annotations
 
 import atexit
-import contextlib
 import errno
 import itertools
 import multiprocessing
@@ -22,16 +21,40 @@ if TYPE_CHECKING:
     from leanloader.dataloader.front import DataLoader
 
 from leanloader import _core
+from leanloader.dataloader.batch_template import unpack_batch
+from leanloader.dataloader.fork_server import main_module_hidden, preload_in_fork_server
 from leanloader.dataloader.pin import in_place_pinning
-from leanloader.dataloader.task_sender import TaskSender
-from leanloader.dataloader.worker import (
-    UNGUARDED_EXIT,
+from leanloader.dataloader.protocol import (
+    SHUTDOWN,
     WAIT_FOR_SLOT,
-    rebuild_error,
-    segment_reference,
-    unpack_batch,
-    worker_main,
+    BatchReady,
+    Close,
+    Config,
+    Exhausted,
+    Failed,
+    Fetch,
+    Forget,
+    InSegment,
+    InSlot,
+    Offer,
+    Resume,
+    SlotOffer,
 )
+from leanloader.dataloader.script_guard import (
+    UNGUARDED_EXIT,
+    UNGUARDED_MAIN_NEEDED,
+    unguarded_main_line,
+)
+from leanloader.dataloader.seeding import (
+    datapipe_seed,
+    distributed_settings,
+    draw_base_seed,
+    is_datapipe,
+)
+from leanloader.dataloader.segments import segment_reference
+from leanloader.dataloader.sharing import PickledAtStart, pickling_error
+from leanloader.dataloader.task_sender import TaskSender
+from leanloader.dataloader.worker import rebuild_error, worker_main
 
 # Batch segments larger than this are not kept for reuse: each is freed when
 # the consumer drops its batch, as torch frees its shared batches. A kept
@@ -61,27 +84,6 @@ SHUTDOWN_JOIN_S = 5.0
 ERROR_JOIN_S = 0.2
 
 
-@contextlib.contextmanager
-def main_module_hidden(hide: bool) -> Any:
-    """While a worker starts: the main module's file and spec out of sight of
-    multiprocessing's preparation data, so the worker does not import (and
-    run) the main script; used when nothing it receives lives there."""
-    main = sys.modules.get("__main__")
-    if not hide or main is None:
-        yield
-        return
-    saved = {
-        name: main.__dict__[name] for name in ("__file__", "__spec__") if name in main.__dict__
-    }
-    try:
-        main.__dict__.pop("__file__", None)
-        main.__spec__ = None
-        yield
-    finally:
-        main.__dict__.pop("__spec__", None)
-        main.__dict__.update(saved)
-
-
 class _Retained:
     """A batch segment kept for reuse, and the id workers cache it under."""
 
@@ -106,13 +108,6 @@ class ProcessIterator:
     datasets running out per worker), with results through batch slots."""
 
     def __init__(self, loader: DataLoader) -> None:
-        from leanloader.dataloader.front import is_datapipe
-        from leanloader.dataloader.single_iter import (
-            datapipe_seed,
-            distributed_settings,
-            draw_base_seed,
-        )
-
         self._num_workers = loader.num_workers
         self._prefetch = loader.prefetch_factor
         self._in_order = loader.in_order
@@ -190,13 +185,6 @@ class ProcessIterator:
         Process.start() instead, as torch's workers receive it; with fork
         nothing is pickled. Each worker lets its copy go once unpickled, and
         the main process keeps none."""
-        from leanloader.dataloader.front import (
-            UNGUARDED_MAIN_NEEDED,
-            pickling_error,
-            unguarded_main_line,
-        )
-        from leanloader.dataloader.sharing import PickledAtStart
-
         context = loader._context
         method = context.get_start_method()
         # The shared copies the workers attach (when they unpickle, and for
@@ -253,7 +241,7 @@ class ProcessIterator:
                     holder.clear()
                     task_read.close()
                     result_write.close()
-                task_write.send(("config", {"shm_dir": loader.shm_dir}))
+                task_write.send(Config(loader.shm_dir))
                 self._workers.append(process)
                 self._task_conns.append(task_write)
                 self._result_conns.append(result_read)
@@ -279,14 +267,12 @@ class ProcessIterator:
     def _reset(self, loader: DataLoader) -> None:
         """A new epoch on the same (persistent) workers: no new base seed, a
         new shared seed for an IterDataPipe (torch's _reset)."""
-        from leanloader.dataloader.single_iter import datapipe_seed
-
         self._index_sampler = loader._index_sampler
         self._sampler_iter = iter(self._index_sampler)
         shared_seed = datapipe_seed(loader, loader.dataset)[1] if self._datapipe else None
         self._epoch += 1
         for worker in range(len(self._task_conns)):
-            self._send(worker, ("resume", self._epoch, shared_seed))
+            self._send(worker, Resume(self._epoch, shared_seed))
         self._start_epoch()
 
     def _start_epoch(self) -> None:
@@ -337,7 +323,7 @@ class ProcessIterator:
                     self._waiting.add(self._send_idx)
             else:
                 self._creating.add(self._send_idx)
-        self._send(worker, ("fetch", self._epoch, self._send_idx, index, slot))
+        self._send(worker, Fetch(self._epoch, self._send_idx, index, slot))
         self._task_info[self._send_idx] = (worker,)
         self._task_index[self._send_idx] = index
         self._workers_num_tasks[worker] += 1
@@ -448,8 +434,10 @@ class ProcessIterator:
                     f"{self._rcvd_idx} from worker {self._task_info.get(self._rcvd_idx, ('?',))[0]}"
                 )
 
-    def _accept(self, message: tuple, worker: int) -> tuple[int, Any] | None:
-        kind, epoch, task = message[0], message[1], message[2]
+    def _accept(
+        self, message: BatchReady | Exhausted | Failed, worker: int
+    ) -> tuple[int, Any] | None:
+        epoch, task = message.epoch, message.task
         self._answered.add(worker)
         if epoch == self._epoch:
             self._unoffered.pop(task, None)
@@ -458,23 +446,23 @@ class ProcessIterator:
             # A result of an epoch the user left early: its slot goes back,
             # and a segment the worker made for it is let go.
             self._drop_slot(task, epoch)
-            if kind == "batch" and message[3][0] == "segment":
-                self._send(worker, ("close", message[3][1][1]))
+            if isinstance(message, BatchReady) and isinstance(message.payload, InSegment):
+                self._send(worker, Close(message.payload.segment[1]))
             return None
-        if kind == "stop":
+        if isinstance(message, Exhausted):
             self._drop_slot(task)
             return task, _Stop(worker)
-        if kind == "error":
+        if isinstance(message, Failed):
             self._drop_slot(task)
-            return task, _WorkerError(message[3])
-        payload = message[3]
-        if payload[0] == "slot":
+            return task, _WorkerError(message.error)
+        payload = message.payload
+        if isinstance(payload, InSlot):
             pool, slot = self._task_slot.pop((epoch, task))
-            return task, unpack_batch(payload[3], pool.hold(slot, self._fence))
-        if payload[0] == "segment":
+            return task, unpack_batch(payload.template, pool.hold(slot, self._fence))
+        if isinstance(payload, InSegment):
             # The worker wrote into a segment of its own (no segment was free
             # when the task was sent, or the offered one was too small).
-            _, (owner, fd, inode), size, template = payload
+            (owner, fd, inode), size, template = payload
             offered = self._task_slot.pop((epoch, task), None)
             if task in self._waiting and offered is None:
                 self._hoarding = True  # the wait was in vain
@@ -493,7 +481,7 @@ class ProcessIterator:
                     "that is gone"
                 ) from None
             finally:
-                self._send(worker, ("close", fd))  # the worker's descriptor goes
+                self._send(worker, Close(fd))  # the worker's descriptor goes
             if os.fstat(segment.fd).st_ino != inode:
                 raise _Dead(f"leanloader DataLoader worker {worker} (pid {owner}) sent a batch "
                             "segment that is gone")  # fmt: skip
@@ -509,7 +497,7 @@ class ProcessIterator:
             slot = pool.acquire()
             return task, unpack_batch(template, pool.hold(slot, self._fence))
         self._drop_slot(task)
-        return task, pickle.loads(payload[1])
+        return task, pickle.loads(payload.data)
 
     def _drop_slot(self, task: int, epoch: int | None = None) -> None:
         held = self._task_slot.pop((self._epoch if epoch is None else epoch, task), None)
@@ -518,7 +506,7 @@ class ProcessIterator:
 
     # --- batch segments ------------------------------------------------------------
 
-    def _send(self, worker: int, message: tuple) -> None:
+    def _send(self, worker: int, message: Any) -> None:
         self._sender.send(self._task_conns[worker], message)  # a dead worker: _check_workers
 
     def _retain(self, pool: Any) -> None:
@@ -539,7 +527,7 @@ class ProcessIterator:
             if kept.pool is pool:
                 self._retained.remove(kept)
                 for worker in range(self._num_workers):
-                    self._send(worker, ("forget", kept.pool_id))
+                    self._send(worker, Forget(kept.pool_id))
                 return
 
     def _pool_full(self) -> bool:
@@ -567,8 +555,8 @@ class ProcessIterator:
             return None
         self._hoarding = False  # the consumer let a segment go
         self._task_slot[(self._epoch, task)] = (pool, slot_id)
-        return (kept.pool_id, segment_reference(pool.segment), slot_id, pool.slot_bytes,
-                pool.slot_offset(slot_id))  # fmt: skip
+        return SlotOffer(kept.pool_id, segment_reference(pool.segment), slot_id, pool.slot_bytes,
+                         pool.slot_offset(slot_id))  # fmt: skip
 
     def _offer_slots(self) -> None:
         for task, worker in list(self._unoffered.items()):
@@ -576,7 +564,7 @@ class ProcessIterator:
             if slot is None:
                 return
             del self._unoffered[task]
-            self._send(worker, ("offer", self._epoch, task, slot))
+            self._send(worker, Offer(self._epoch, task, slot))
 
     def _collect_pinned(self) -> None:
         """Takes back the pinned segments whose device copies have run (their
@@ -655,7 +643,7 @@ class ProcessIterator:
         self._shutdown = True
         _live_iterators.discard(self)
         for worker in range(len(self._task_conns)):
-            self._send(worker, None)  # workers skip the tasks queued before it
+            self._send(worker, SHUTDOWN)  # workers skip the tasks queued before it
         # as torch's _shutdown_workers: workers get MP_STATUS_CHECK_INTERVAL
         # (5 s) to exit on their own (exit code 0) before they are killed
         deadline = time.monotonic() + grace
@@ -710,54 +698,3 @@ def _shutdown_all() -> None:
 
 
 atexit.register(_shutdown_all)
-
-
-# What every worker imports anyway: loaded once in the fork server, so that
-# the workers forked from it share those pages (copy-on-write) instead of
-# each importing its own copy, as spawned workers do.
-FORK_SERVER_PRELOAD = ("torch", "numpy", "leanloader")
-FORK_SERVER_FREEZE = "leanloader.dataloader.fork_server_freeze"
-
-
-def preload_in_fork_server(dataset_module: str) -> None:
-    """Adds torch, numpy, leanloader and the dataset's module to the fork
-    server's preload list (kept: whatever the user preloads) while the
-    server is not running yet; a running server keeps what it has."""
-    from multiprocessing import forkserver
-
-    server = forkserver._forkserver  # the module's singleton (no public getter)
-    if getattr(server, "_forkserver_pid", None) is not None:
-        return
-    modules = list(getattr(server, "_preload_modules", ["__main__"]))
-    wanted = [*FORK_SERVER_PRELOAD]
-    if dataset_module not in ("__main__", "__mp_main__", "builtins"):
-        wanted.append(dataset_module)
-    for module in wanted:
-        if module not in modules:
-            modules.append(module)
-    # last: freezes what the modules above made (fork_server_freeze.py)
-    modules = [m for m in modules if m != FORK_SERVER_FREEZE] + [FORK_SERVER_FREEZE]
-    forkserver.set_forkserver_preload(modules)
-    start_fork_server_deaf_to_ctrl_c()
-
-
-def start_fork_server_deaf_to_ctrl_c() -> None:
-    """Starts the fork server with SIGINT blocked, a mask it keeps through
-    exec: it ignores Ctrl-C only once it has imported its preload modules,
-    so a Ctrl-C while it imports torch printed a second traceback, the
-    server's. This process unblocks at once; a Ctrl-C that arrived meanwhile
-    is delivered here."""
-    import threading
-    from multiprocessing import forkserver, resource_tracker
-
-    if threading.current_thread() is not threading.main_thread():
-        forkserver.ensure_running()
-        return
-    # The resource tracker unblocks SIGINT after starting itself: started
-    # first, its later ensure_running() calls leave the mask alone.
-    resource_tracker.ensure_running()
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        forkserver.ensure_running()
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)

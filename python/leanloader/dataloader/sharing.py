@@ -29,9 +29,8 @@ import weakref
 from typing import Any
 
 from leanloader import _core
-from leanloader.dataloader.worker import (
+from leanloader.dataloader.segments import (
     NUMPY_TO_NAME,
-    identity,
     range_reference,
     rebuild_array,
     rebuild_file_array,
@@ -39,6 +38,7 @@ from leanloader.dataloader.worker import (
     rebuild_tensor,
     torch_dtype_names,
 )
+from leanloader.dataloader.worker import identity
 
 # --- sharing the dataset once -------------------------------------------------------------
 
@@ -502,3 +502,18 @@ class SharingPickler(pickle.Pickler):
 
 
 # --- the loader ---------------------------------------------------------------------------
+
+
+def pickling_error(setup: Any, error: Exception) -> pickle.PicklingError:
+    from leanloader.audit import _unpicklable_fix, find_unpicklable
+
+    for name, value in (("dataset", setup.dataset), ("collate_fn", setup.collate_fn),
+                        ("worker_init_fn", setup.worker_init_fn)):  # fmt: skip
+        failing = find_unpicklable(value, name)
+        if failing is not None:
+            path, message, culprit = failing
+            return pickle.PicklingError(
+                f"cannot send the dataset to worker processes: {path} cannot be pickled "
+                f"({message}); {_unpicklable_fix(culprit)}, or use num_workers=0"
+            )
+    return pickle.PicklingError(f"cannot send the dataset to worker processes: {error}")

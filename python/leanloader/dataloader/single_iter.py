@@ -6,34 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
-
-def datapipe_seed(loader: Any, dataset: Any) -> tuple[Any, int | None]:
-    """torch's _BaseDataLoaderIter: an IterDataPipe gets a shuffle seed shared
-    by every worker (and every rank), drawn first from the generator."""
-    import torch
-    from torch.utils.data import IterDataPipe
-    from torch.utils.data.graph_settings import apply_random_seed
-
-    if not isinstance(dataset, IterDataPipe):
-        return dataset, None
-    from torch.utils.data.dataloader import _share_dist_seed
-
-    seed = _share_dist_seed(loader.generator, None)
-    shared_rng = torch.Generator()
-    shared_rng.manual_seed(seed)
-    return apply_random_seed(dataset, shared_rng), seed
-
-
-def draw_base_seed(generator: Any) -> int:
-    import torch
-
-    return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
-
-
-def distributed_settings() -> tuple[int, int]:
-    from torch.utils.data.dataloader import _get_distributed_settings
-
-    return _get_distributed_settings()
+from leanloader.dataloader.seeding import (
+    datapipe_seed,
+    distributed_settings,
+    draw_base_seed,
+    is_datapipe,
+)
 
 
 class SingleProcessIterator:
@@ -42,8 +20,6 @@ class SingleProcessIterator:
     def __init__(self, loader: Any) -> None:
         from torch.utils.data import _DatasetKind
         from torch.utils.data.graph_settings import apply_sharding
-
-        from leanloader.dataloader.front import is_datapipe
 
         if loader.timeout != 0:
             raise AssertionError("_SingleProcessDataLoaderIter requires timeout == 0")

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from leanloader.dataloader.front import DataLoader
 
-from leanloader.dataloader.single_iter import draw_base_seed
+from leanloader.dataloader.seeding import draw_base_seed
 
 # --- get_worker_info() per thread -----------------------------------------------------------
 

@@ -1,0 +1,381 @@
+"""Batches in shared memory: a batch's tensors and arrays are written into
+a segment and only a template (structure, dtypes, shapes, offsets) travels
+through the pipe (``plan_batch`` / ``unpack_batch``); with torch's default
+collate, samples are written straight into their rows of the batch
+(``StreamedFetch``, ``UncollatedBatch`` / ``plan_stacked``), so that the
+batch never exists twice in a worker."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+from leanloader.dataloader.segments import NUMPY_TO_NAME
+
+ALIGNMENT = 64
+
+# --- batches through slots -------------------------------------------------------------
+
+
+class SlotLeaf:
+    """A tensor or array of a batch, as (offset in slot, dtype, shape, kind)."""
+
+    __slots__ = ("dtype", "kind", "offset", "shape")
+
+    def __init__(self, offset: int, dtype: str, shape: tuple, kind: str) -> None:
+        self.offset, self.dtype, self.shape, self.kind = offset, dtype, shape, kind
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return (SlotLeaf, (self.offset, self.dtype, self.shape, self.kind))
+
+
+def _map_structure(batch: Any, leaf: Any) -> Any:
+    """Rebuilds dicts, lists, tuples and namedtuples with leaf(x) for the rest."""
+    if isinstance(batch, dict):
+        items = {key: _map_structure(value, leaf) for key, value in batch.items()}
+        if type(batch) is dict:
+            return items
+        # A subclass keeps its type and state (defaultdict's factory, the
+        # instance's attributes), as torch's pickled batch does: a copy made
+        # through its own __reduce_ex__, with the values replaced.
+        try:
+            rebuilt = copy.copy(batch)
+            for key, value in items.items():
+                rebuilt[key] = value
+            return rebuilt
+        except Exception:
+            pass
+        try:
+            return type(batch)(items)
+        except TypeError:
+            return items
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(_map_structure(value, leaf) for value in batch))
+    if type(batch) in (list, tuple):
+        return type(batch)(_map_structure(value, leaf) for value in batch)
+    return leaf(batch)
+
+
+def slot_array(value: Any, torch_names: dict | None) -> tuple[str, str, Any] | None:
+    """(kind, dtype name, contiguous array) when a batch slot can hold `value`:
+    a strided CPU tensor of a dtype in `torch_names`, or a NumPy array of a
+    dtype in NUMPY_TO_NAME. None for anything else (it stays in the template)."""
+    if torch_names is not None:
+        import torch
+
+        if (
+            isinstance(value, torch.Tensor)
+            and value.device.type == "cpu"
+            and value.layout == torch.strided
+            and not value.is_nested
+        ):
+            name = torch_names.get(value.dtype)
+            if name is not None and not value.is_quantized:
+                return "torch", name, value.detach().resolve_conj().resolve_neg().contiguous()
+    import numpy as np
+
+    if type(value) is np.ndarray and value.dtype.str in NUMPY_TO_NAME:
+        return "numpy", NUMPY_TO_NAME[value.dtype.str], np.ascontiguousarray(value)
+    return None
+
+
+def _nbytes(array: Any) -> int:
+    return int(array.element_size() * array.numel() if hasattr(array, "numel") else array.nbytes)
+
+
+class _SlotLayout:
+    """Aligned places in a batch slot and the (offset, array) copies to make."""
+
+    def __init__(self) -> None:
+        self.copies: list[tuple[int, Any]] = []
+        self.used = 0
+
+    def place(self, nbytes: int) -> int:
+        offset = self.used
+        self.used = offset + (nbytes + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
+        return offset
+
+    def leaf(self, value: Any, torch_names: dict | None) -> Any:
+        """A SlotLeaf for an array the slot can hold (and its copy), else `value`."""
+        found = slot_array(value, torch_names)
+        if found is None:
+            return value
+        kind, name, array = found
+        nbytes = _nbytes(array)
+        offset = self.place(nbytes)
+        if nbytes:
+            self.copies.append((offset, array))
+        return SlotLeaf(offset, name, tuple(array.shape), kind)
+
+
+def plan_batch(batch: Any, torch_names: dict | None) -> tuple[Any, list[tuple[int, Any]], int]:
+    """Template of `batch` with SlotLeaf for every array the slot can hold,
+    the (offset, contiguous array) copies to make, and the bytes needed."""
+    layout = _SlotLayout()
+    template = _map_structure(batch, lambda value: layout.leaf(value, torch_names))
+    return template, layout.copies, layout.used
+
+
+class UncollatedBatch:
+    """The samples of a batch for torch's default collate, not yet stacked:
+    plan_stacked writes each sample's arrays straight into their rows of the
+    batch's shared segment, so the batch never exists twice in the worker (a
+    private stacked copy, then the segment). torch's workers avoid that copy
+    the same way: default_collate stacks into shared memory."""
+
+    __slots__ = ("collate", "samples", "whole")
+
+    def __init__(self, samples: list, collate: Any, whole: Any = None) -> None:
+        self.samples, self.collate = samples, collate
+        # what collates samples that are not stacked here: torch's collate as
+        # its workers run it (stacking into the first sample's dtype, as
+        # torch.stack(out=) does there)
+        self.whole = whole or collate
+
+    def collated(self) -> Any:
+        return self.whole(self.samples)
+
+
+def plan_stacked(
+    batch: UncollatedBatch, torch_names: dict
+) -> tuple[Any, list[tuple[int, Any]], int] | None:
+    """plan_batch's (template, copies, bytes) for default_collate(samples),
+    with one copy per sample and array (its row) instead of a stacked array:
+    the rows StreamedFetch writes as samples come, planned here for samples
+    fetched together (iterable datasets, ``__getitems__``). None when the
+    samples do not stack that way (the caller collates them whole)."""
+    samples = batch.samples
+    if not samples:
+        return None
+    layout = _SlotLayout()
+    try:
+        skeleton = _plan_rows(samples[0], len(samples), layout, torch_names)
+    except _NotStackable:
+        return None
+    copies: list[tuple[int, Any]] = []
+
+    def put(offset: int, array: Any) -> None:
+        copies.append((offset, array))
+
+    for position, sample in enumerate(samples):
+        if not _take_sample(sample, position, skeleton, torch_names, put):
+            return None
+    template = _row_template(skeleton, len(samples), batch.collate, put, torch_names)
+    return template, copies, layout.used
+
+
+class _NotStackable(Exception):
+    pass
+
+
+# A number leaf (int, float, bool, NumPy scalar) of a sample collates to a
+# tensor of at most this many bytes per sample; its place is reserved so
+# that the collated column lands in the batch's segment too.
+NUMBER_BYTES = 8
+
+
+class _ArrayColumn:
+    """An array leaf of the samples: one row per sample in a B-row region."""
+
+    __slots__ = ("kind", "name", "offset", "row", "shape")
+
+    def __init__(self, kind: str, name: str, shape: tuple, row: int, offset: int) -> None:
+        self.kind, self.name, self.shape, self.row, self.offset = kind, name, shape, row, offset
+
+
+class _ValueColumn:
+    """Any other leaf: its values are kept and collated at the end (a small
+    batch of their own), into `capacity` reserved bytes
+    when the collated column is an array that fits, else in the template."""
+
+    __slots__ = ("capacity", "in_sequence", "offset", "values")
+
+    def __init__(self, offset: int, capacity: int, in_sequence: bool) -> None:
+        self.offset, self.capacity, self.values = offset, capacity, []
+        # default_collate hands a sequence's columns over as tuples (zip),
+        # a dict's and the samples themselves as lists
+        self.in_sequence = in_sequence
+
+
+def _plan_rows(
+    sample: Any, batch_size: int, layout: _SlotLayout, torch_names: dict, in_sequence: bool = False
+) -> Any:
+    """The skeleton of `sample` (dicts, lists and tuples with columns at the
+    leaves), each column placed for `batch_size` samples. Raises
+    _NotStackable where the samples cannot be stacked into rows."""
+    import numpy as np
+    import torch
+
+    found = slot_array(sample, torch_names)
+    if found is not None:
+        kind, name, array = found
+        row = _nbytes(array)
+        return _ArrayColumn(kind, name, tuple(array.shape), row, layout.place(row * batch_size))
+    if type(sample) is dict:
+        return (dict, tuple(sample), [_plan_rows(v, batch_size, layout, torch_names)
+                                      for v in sample.values()])  # fmt: skip
+    if type(sample) in (list, tuple):
+        return (type(sample), len(sample), [_plan_rows(v, batch_size, layout, torch_names, True)
+                                            for v in sample])  # fmt: skip
+    if isinstance(sample, (torch.Tensor, np.ndarray, dict, list, tuple)):
+        raise _NotStackable
+    if isinstance(sample, (int, float, np.number, np.bool_)):
+        capacity = NUMBER_BYTES * batch_size
+        return _ValueColumn(layout.place(capacity), capacity, in_sequence)
+    return _ValueColumn(0, 0, in_sequence)
+
+
+def _match_rows(sample: Any, skeleton: Any, torch_names: dict, out: list) -> bool:
+    """Appends (column, contiguous array or value) for each leaf of `sample`
+    to `out`; False when `sample` does not have the skeleton's structure,
+    dtypes and shapes (default_collate then decides, with every sample)."""
+    if isinstance(skeleton, _ArrayColumn):
+        found = slot_array(sample, torch_names)
+        if found is None or found[0] != skeleton.kind or found[1] != skeleton.name:
+            return False
+        if tuple(found[2].shape) != skeleton.shape:
+            return False
+        out.append((skeleton, found[2]))
+        return True
+    if isinstance(skeleton, _ValueColumn):
+        if isinstance(sample, (dict, list, tuple)) or slot_array(sample, torch_names) is not None:
+            return False
+        out.append((skeleton, sample))
+        return True
+    kind, keys, children = skeleton
+    if type(sample) is not kind:
+        return False
+    if kind is dict:
+        if tuple(sample) != keys:
+            return False
+        values: Any = sample.values()
+    else:
+        if len(sample) != keys:
+            return False
+        values = sample
+    return all(
+        _match_rows(value, child, torch_names, out)
+        for value, child in zip(values, children, strict=True)
+    )
+
+
+def _take_sample(sample: Any, position: int, skeleton: Any, torch_names: dict, put: Any) -> bool:
+    """Sample `position` of the batch into its rows: put(offset, array) for
+    each array leaf, its values kept for the rest; False (nothing put) when it
+    does not match the skeleton."""
+    leaves: list = []
+    if not _match_rows(sample, skeleton, torch_names, leaves):
+        return False
+    for column, value in leaves:
+        if isinstance(column, _ArrayColumn):
+            if column.row:
+                put(column.offset + position * column.row, value)
+        else:
+            column.values.append(value)
+    return True
+
+
+def _rebuild_sample(skeleton: Any, index: int, segment: Any, base: int) -> Any:
+    """Sample `index` as it was fetched, from its rows (copied out) and kept
+    values: used when a later sample does not match and every sample goes to
+    the collate as torch gives them."""
+    import numpy as np
+    import torch
+
+    if isinstance(skeleton, _ArrayColumn):
+        view = segment.array(base + skeleton.offset + index * skeleton.row, skeleton.name,
+                             list(skeleton.shape), skeleton.kind)  # fmt: skip
+        return view.clone() if isinstance(view, torch.Tensor) else np.array(view)
+    if isinstance(skeleton, _ValueColumn):
+        return skeleton.values[index]
+    kind, keys, children = skeleton
+    rebuilt = [_rebuild_sample(child, index, segment, base) for child in children]
+    if kind is dict:
+        return dict(zip(keys, rebuilt, strict=True))
+    return kind(rebuilt)
+
+
+def _row_template(skeleton: Any, batch_size: int, collate: Any, write: Any, torch_names: dict):
+    """The batch's template: SlotLeaf for every column in the segment."""
+    if isinstance(skeleton, _ArrayColumn):
+        return SlotLeaf(skeleton.offset, skeleton.name, (batch_size, *skeleton.shape), "torch")
+    if isinstance(skeleton, _ValueColumn):
+        values = skeleton.values
+        collated = collate(tuple(values) if skeleton.in_sequence else values)
+        found = slot_array(collated, torch_names)
+        if found is None or _nbytes(found[2]) > skeleton.capacity:
+            return collated  # strings, objects...: they travel in the template
+        kind, name, array = found
+        if _nbytes(array):
+            write(skeleton.offset, array)
+        return SlotLeaf(skeleton.offset, name, tuple(array.shape), kind)
+    kind, keys, children = skeleton
+    items = [_row_template(child, batch_size, collate, write, torch_names) for child in children]
+    # as default_collate: dicts stay dicts, sequences become lists
+    return dict(zip(keys, items, strict=True)) if kind is dict else items
+
+
+class StreamedFetch:
+    """A map-style dataset's batch for torch's default collate, fetched one
+    sample at a time straight into its rows of the batch's segment: the
+    worker holds the segment and one sample, never the batch's samples and
+    the batch (torch's fetcher keeps every sample until the collate, whose
+    stacked copy coexists with them). The dataset sees the same calls in the
+    same order as torch's _MapDatasetFetcher; when a sample does not match
+    the first one's structure, dtypes or shapes, the samples so far are
+    rebuilt from their rows and default_collate gets them all, as in torch
+    (its result or its error)."""
+
+    def __init__(self, dataset: Any, collate: Any, whole: Any, torch_names: dict) -> None:
+        self.dataset, self.collate, self.torch_names = dataset, collate, torch_names
+        self.whole = whole
+
+    def fetch(self, indices: Sequence[int], destination: Any) -> tuple | UncollatedBatch:
+        """The payload of the batch of `indices`, or the UncollatedBatch of
+        its samples when they do not stream. `destination(needed)` gives the
+        (segment, base offset, finish) to write to; finish(template) makes
+        the payload, discard() gives up the destination."""
+        dataset = self.dataset
+        sample = dataset[indices[0]]
+        batch_size = len(indices)
+        layout = _SlotLayout()
+        try:
+            skeleton = _plan_rows(sample, batch_size, layout, self.torch_names)
+        except _NotStackable:
+            skeleton = None
+        if skeleton is None or layout.used == 0:
+            samples = [sample, *(dataset[i] for i in indices[1:])]
+            return UncollatedBatch(samples, self.collate, self.whole)
+        target = destination(layout.used)
+        segment, base = target.segment, target.base
+
+        def put(offset: int, array: Any) -> None:
+            segment.write(base + offset, array)
+
+        position = 0
+        while True:
+            if not _take_sample(sample, position, skeleton, self.torch_names, put):
+                samples = [_rebuild_sample(skeleton, i, segment, base) for i in range(position)]
+                target.discard()
+                samples.append(sample)
+                samples.extend(dataset[i] for i in indices[position + 1 :])
+                return UncollatedBatch(samples, self.collate, self.whole)
+            del sample
+            position += 1
+            if position == batch_size:
+                break
+            sample = dataset[indices[position]]
+        template = _row_template(skeleton, batch_size, self.collate, put, self.torch_names)
+        return target.finish(template)
+
+
+def unpack_batch(template: Any, hold: Any) -> Any:
+    """The batch of `template` with zero-copy tensors over the held slot."""
+
+    def leaf(value: Any) -> Any:
+        if isinstance(value, SlotLeaf):
+            return hold.tensor(value.offset, value.dtype, list(value.shape), value.kind)
+        return value
+
+    return _map_structure(template, leaf)
