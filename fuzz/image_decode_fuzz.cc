@@ -1,4 +1,4 @@
-// libFuzzer target: every image decoder entry (JPEG, PNG, WebP, told by magic
+// libFuzzer target: every image decoder entry (JPEG, PNG, WebP, PBM/PGM/PPM, TIFF, told by magic
 // bytes; EXIF orientation) on arbitrary bytes, and the fused transform path
 // (region + DCT-scaled decode, resize, flip, normalize). The first two bytes
 // choose the options (color mode, EXIF, lenient JPEG, entry) and the decode

@@ -33,16 +33,16 @@ from leanloader import _core
 MAX_IMAGE_PIXELS = 89_478_485
 
 # torchvision.datasets.folder.IMG_EXTENSIONS. ImageFolder lists files with
-# the extensions leanloader cannot decode (.ppm, .bmp, .pgm, .tif, .tiff), as
-# torchvision does, and refuses them up front unless their bytes are a
-# JPEG, PNG or WebP (see _refuse_undecodable).
+# the one extension leanloader cannot decode yet (.bmp), as torchvision does,
+# and refuses them up front unless their bytes are a format it decodes (see
+# _refuse_undecodable).
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
-DECODED_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp")
+DECODED_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".ppm", ".pgm", ".tif", ".tiff")
 
 
 def _refuse_undecodable(root: str, paths: list[str]) -> None:
     """Raises ValueError when files of an ImageFolder are in a format leanloader
-    does not decode (BMP, PPM/PGM, TIFF, ...), found before the first epoch
+    does not decode (BMP), found before the first epoch
     rather than as decode errors in the middle of one. Only files whose
     extension is not a decoded format's are read (their first 12 bytes)."""
     undecodable = [
@@ -56,8 +56,8 @@ def _refuse_undecodable(root: str, paths: list[str]) -> None:
     shown = "\n  ".join(undecodable[:5])
     more = f"\n  ... and {len(undecodable) - 5} more" if len(undecodable) > 5 else ""
     raise ValueError(
-        f"ImageFolder({root!r}): {len(undecodable)} of {len(paths)} files are not JPEG, PNG "
-        f"or WebP, the formats leanloader decodes:\n  {shown}{more}\n"
+        f"ImageFolder({root!r}): {len(undecodable)} of {len(paths)} files are not JPEG, PNG, "
+        f"WebP, PPM/PGM/PBM or TIFF, the formats leanloader decodes:\n  {shown}{more}\n"
         "Convert them (for example with Pillow: Image.open(p).save(q.with_suffix('.png'))), "
         "leave them out with is_valid_file= or extensions=, or load them with ll.DataLoader "
         "over a PIL dataset."
@@ -346,7 +346,7 @@ def decode_image(
     accept_corrupt_jpeg: bool = True,
     exif_orientation: bool = False,
 ):
-    """Decodes a JPEG, PNG or WebP (bytes or a path) to an (H, W, C) uint8 NumPy
+    """Decodes a JPEG, PNG, WebP, PPM/PGM/PBM or TIFF (bytes or a path) to an (H, W, C) uint8 NumPy
     array, as ``Images`` does (a JPEG with corrupt data libjpeg works around
     is decoded with a ``RuntimeWarning``, as Pillow decodes it;
     ``accept_corrupt_jpeg=False`` refuses it)."""

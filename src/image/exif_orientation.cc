@@ -257,6 +257,10 @@ std::optional<int> exif_orientation(Bytes bytes, ImageFormat format) {
     case ImageFormat::kWebp:
       metadata = webp_metadata(bytes);
       break;
+    case ImageFormat::kTiff:
+      // The file's own first IFD holds the tag (Pillow's getexif() of a TIFF).
+      return tiff_orientation(bytes);
+    case ImageFormat::kPnm:
     case ImageFormat::kUnknown:
       break;
   }

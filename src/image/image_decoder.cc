@@ -141,10 +141,16 @@ bool decode_whole(std::span<const std::byte> bytes, ImageFormat format, StoredSi
     case ImageFormat::kWebp:
       detail::webp_decode(bytes, options, size, {0, 0, size.width, size.height}, dst);
       return false;
+    case ImageFormat::kPnm:
+      detail::pnm_decode(bytes, options, size, dst);
+      return false;
+    case ImageFormat::kTiff:
+      detail::tiff_decode(bytes, options, size, dst);
+      return false;
     case ImageFormat::kUnknown:
       break;
   }
-  throw FormatError("not a JPEG, PNG or WebP image");
+  throw FormatError("not a JPEG, PNG, WebP, PPM/PGM/PBM or TIFF image");
 }
 
 }  // namespace
@@ -175,9 +181,17 @@ ImageInfo read_image_info(std::span<const std::byte> bytes, const DecodeOptions&
     case ImageFormat::kWebp:
       size = detail::webp_size(bytes);
       break;
+    case ImageFormat::kPnm:
+      size = detail::pnm_size(bytes);
+      break;
+    case ImageFormat::kTiff:
+      size = detail::tiff_size(bytes);
+      break;
     case ImageFormat::kUnknown:
       if (bytes.empty()) throw FormatError("empty file (0 bytes), not an image");
-      throw FormatError("not a JPEG, PNG or WebP image (unknown signature)");
+      throw FormatError(
+          "not a JPEG, PNG, WebP, PPM/PGM/PBM or TIFF image (unknown signature; BMP is not "
+          "supported yet)");
   }
   const std::string name(image_format_name(info.format));
   if (size.width <= 0 || size.height <= 0) {

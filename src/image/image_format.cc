@@ -16,6 +16,14 @@ ImageFormat detect_image_format(std::span<const std::byte> bytes) noexcept {
   if (n >= 12 && std::memcmp(b, "RIFF", 4) == 0 && std::memcmp(b + 8, "WEBP", 4) == 0) {
     return ImageFormat::kWebp;
   }
+  if (n >= 4 && ((b[0] == 'I' && b[1] == 'I' && (b[2] == 42 || b[2] == 43) && b[3] == 0) ||
+                 (b[0] == 'M' && b[1] == 'M' && b[2] == 0 && (b[3] == 42 || b[3] == 43)))) {
+    return ImageFormat::kTiff;
+  }
+  if (n >= 3 && b[0] == 'P' && ((b[1] >= '1' && b[1] <= '6') || b[1] == 'f' || b[1] == 'F') &&
+      std::strchr(" \t\n\v\f\r", b[2]) != nullptr && b[2] != 0) {
+    return ImageFormat::kPnm;
+  }
   return ImageFormat::kUnknown;
 }
 
@@ -32,6 +40,10 @@ std::string_view image_format_name(ImageFormat format) noexcept {
       return "PNG";
     case ImageFormat::kWebp:
       return "WebP";
+    case ImageFormat::kPnm:
+      return "PPM";
+    case ImageFormat::kTiff:
+      return "TIFF";
     case ImageFormat::kUnknown:
       break;
   }

@@ -47,6 +47,53 @@ TEST(ImageDecoderTest, TellsFormatsByMagicBytes) {
   EXPECT_EQ(detect_image_format({}), ImageFormat::kUnknown);
 }
 
+std::vector<uint8_t> text_bytes(const std::string& text) {
+  return std::vector<uint8_t>(text.begin(), text.end());
+}
+
+TEST(ImageDecoderTest, TellsPnmAndTiffByMagicBytes) {
+  EXPECT_EQ(detect_image_format(as_bytes(text_bytes("P6\n1 1\n255\nabc"))), ImageFormat::kPnm);
+  EXPECT_EQ(detect_image_format(as_bytes(text_bytes("P1 1 1 0"))), ImageFormat::kPnm);
+  EXPECT_EQ(detect_image_format(as_bytes(text_bytes("P7\n"))), ImageFormat::kUnknown);
+  EXPECT_EQ(detect_image_format(as_bytes(text_bytes("PNG?"))), ImageFormat::kUnknown);
+  EXPECT_EQ(detect_image_format(as_bytes(std::vector<uint8_t>{'I', 'I', 42, 0, 8, 0, 0, 0})),
+            ImageFormat::kTiff);
+  EXPECT_EQ(detect_image_format(as_bytes(std::vector<uint8_t>{'M', 'M', 0, 42, 0, 0, 0, 8})),
+            ImageFormat::kTiff);
+}
+
+// Pillow's PpmImagePlugin rules, byte for byte (tests/python/test_image_formats.py
+// checks them against Pillow itself).
+TEST(ImageDecoderTest, PnmFollowsPillowsRules) {
+  DecodeOptions gray;
+  gray.mode = ColorMode::kGray;
+  // maxval 15: round(v / 15 * 255); a comment inside the header
+  EXPECT_EQ(decode(text_bytes("P2\n# c\n3 1\n15\n0 7 15\n"), gray).pixels,
+            (std::vector<uint8_t>{0, 119, 255}));
+  // 16-bit gray (Pillow's mode I) clips at 255 instead of scaling
+  std::vector<uint8_t> wide = text_bytes("P5\n2 1\n65535\n");
+  wide.insert(wide.end(), {0x00, 0x64, 0x01, 0x00});  // 100 and 256, big-endian
+  EXPECT_EQ(decode(wide, gray).pixels, (std::vector<uint8_t>{100, 255}));
+  // maxval 1000 for gray: scaled to 65535 first, then clipped
+  EXPECT_EQ(decode(text_bytes("P2 2 1 1000 1 2"), gray).pixels, (std::vector<uint8_t>{66, 131}));
+  // packed bits, 1 is black, rows padded to a byte
+  EXPECT_EQ(decode(text_bytes("P4\n3 2\n\xa0\x40"), gray).pixels,
+            (std::vector<uint8_t>{0, 255, 0, 255, 0, 255}));
+  // plain bits need no spaces; RGB output replicates gray
+  EXPECT_EQ(decode(text_bytes("P1\n2 1\n01")).pixels,
+            (std::vector<uint8_t>{255, 255, 255, 0, 0, 0}));
+  // refusals: a value above maxval, a short file, a bad maxval, float PFM
+  EXPECT_THROW(decode(text_bytes("P2 2 1 5 3 9")), FormatError);
+  EXPECT_THROW(decode(text_bytes("P6\n2 2\n255\nabc")), FormatError);
+  EXPECT_THROW(decode(text_bytes("P5\n1 1\n0\n\x00")), FormatError);
+  EXPECT_THROW(decode(text_bytes("Pf\n1 1\n-1.0\n\x00\x00\x80\x3f")), FormatError);
+}
+
+TEST(ImageDecoderTest, DamagedTiffIsAFormatError) {
+  EXPECT_THROW(decode({'I', 'I', 42, 0, 8, 0, 0, 0}), FormatError);
+  EXPECT_THROW(decode({'M', 'M', 0, 42, 0xff, 0, 0, 0, 1, 2, 3}), FormatError);
+}
+
 TEST(ImageDecoderTest, TellsAFilesFormatByItsFirstBytes) {
   const testing::TempDir dir;
   const auto rgb = pattern(8, 8);

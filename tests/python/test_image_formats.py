@@ -1,0 +1,212 @@
+"""PBM/PGM/PPM and TIFF against Pillow: files written by Pillow, by hand
+(plain and raw PNM with every maxval rule, comments, damage) and by tifffile
+(tiles, 16-bit samples, alpha, predictors, planar layouts, compression),
+decoded by ``ll.decode_image`` and by Pillow (``Image.open -> exif_transpose
+-> convert(mode)``): equal, or refused by both."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import leanloader as ll
+
+Image = pytest.importorskip("PIL.Image")
+ImageOps = pytest.importorskip("PIL.ImageOps")
+
+
+def pillow(path, mode: str = "RGB") -> np.ndarray:
+    with Image.open(path) as image:
+        image = ImageOps.exif_transpose(image)
+        return np.asarray(image.convert(mode))
+
+
+def ours(path, mode: str = "RGB") -> np.ndarray:
+    pixels = ll.decode_image(path, mode=mode, exif_orientation=True)
+    return pixels[..., 0] if mode == "L" else pixels
+
+
+def same_or_both_refuse(path, mode: str = "RGB", tolerance: int = 0) -> str:
+    try:
+        expected = pillow(path, mode)
+    except Exception as error:  # Pillow refuses: so must we
+        with pytest.raises((ValueError, OSError)):
+            ours(path, mode)
+        return f"refused ({type(error).__name__})"
+    got = ours(path, mode)
+    assert got.shape == expected.shape, (path, got.shape, expected.shape)
+    difference = np.abs(got.astype(int) - expected.astype(int)).max(initial=0)
+    assert difference <= tolerance, (path, mode, int(difference))
+    return "equal"
+
+
+def rng_image(height: int, width: int, channels: int, dtype=np.uint8, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    info = np.iinfo(dtype)
+    shape = (height, width) if channels == 1 else (height, width, channels)
+    return rng.integers(0, int(info.max) + 1, shape, dtype=np.int64).astype(dtype)
+
+
+# -- PBM / PGM / PPM -----------------------------------------------------------------------
+
+
+def _plain(magic: str, width: int, height: int, values, maxval: int | None, comment=True) -> bytes:
+    header = f"{magic}\n" + ("# written by hand\n" if comment else "") + f"{width} {height}\n"
+    if maxval is not None:
+        header += f"{maxval}\n"
+    body = " ".join(str(int(v)) for v in np.ravel(values))
+    if magic == "P1":
+        body = "".join(str(int(v)) for v in np.ravel(values))  # no spaces needed
+    return header.encode() + body.encode() + b"\n"
+
+
+def _raw(magic: str, width: int, height: int, values, maxval: int | None) -> bytes:
+    header = f"{magic}\n{width} {height}\n" + (f"{maxval}\n" if maxval is not None else "")
+    if magic == "P4":
+        rows = np.packbits(np.asarray(values, dtype=np.uint8), axis=1)
+        return header.encode() + rows.tobytes()
+    dtype = ">u2" if maxval is not None and maxval > 255 else "u1"
+    return header.encode() + np.asarray(values).astype(dtype).tobytes()
+
+
+def pnm_corpus(directory) -> dict[str, bytes]:
+    h, w = 7, 13
+    bits = rng_image(h, w, 1) % 2
+    files = {
+        "plain_bits.pbm": _plain("P1", w, h, bits, None),
+        "raw_bits_odd_width.pbm": _raw("P4", w, h, bits, None),
+        "plain_gray.pgm": _plain("P2", w, h, rng_image(h, w, 1), 255),
+        "plain_gray_maxval_15.pgm": _plain("P2", w, h, rng_image(h, w, 1) % 16, 15),
+        "plain_gray_maxval_1000.pgm": _plain(
+            "P2", w, h, rng_image(h, w, 1, np.uint16) % 1001, 1000
+        ),
+        "plain_color_maxval_7.ppm": _plain("P3", w, h, rng_image(h, w, 3) % 8, 7),
+        "plain_color_maxval_65535.ppm": _plain("P3", w, h, rng_image(h, w, 3, np.uint16), 65535),
+        "raw_gray.pgm": _raw("P5", w, h, rng_image(h, w, 1), 255),
+        "raw_gray_maxval_15.pgm": _raw("P5", w, h, rng_image(h, w, 1) % 16, 15),
+        # values above maxval in a raw file: Pillow clamps them
+        "raw_gray_maxval_100.pgm": _raw("P5", w, h, rng_image(h, w, 1), 100),
+        "raw_gray_maxval_1000.pgm": _raw("P5", w, h, rng_image(h, w, 1, np.uint16) % 1001, 1000),
+        "raw_gray_16bit.pgm": _raw("P5", w, h, rng_image(h, w, 1, np.uint16) % 600, 65535),
+        "raw_color.ppm": _raw("P6", w, h, rng_image(h, w, 3), 255),
+        "raw_color_maxval_1023.ppm": _raw("P6", w, h, rng_image(h, w, 3, np.uint16) % 1024, 1023),
+        "comment_inside_token.pgm": b"P5\n1#x\n3 1\n255\n" + bytes([1, 2, 3] * 13),
+        # refused by Pillow: so by us
+        "truncated.ppm": _raw("P6", w, h, rng_image(h, w, 3), 255)[:-10],
+        "truncated_plain.pgm": _plain("P2", w, h, rng_image(h, w, 1), 255)[:-30],
+        "above_maxval_plain.pgm": _plain("P2", 2, 1, [3, 9], 5),
+        "maxval_zero.pgm": b"P5\n2 1\n0\n\x00\x00",
+        "bad_bit.pbm": b"P1\n2 1\n0 2\n",
+    }
+    for mode, name in (("1", "pillow_bits.pbm"), ("L", "pillow_gray.pgm"),
+                       ("RGB", "pillow_color.ppm"), ("I;16", "pillow_16bit.pgm")):  # fmt: skip
+        image = Image.fromarray(rng_image(h, w, 3)).convert(mode if mode != "I;16" else "L")
+        if mode == "I;16":
+            image = Image.fromarray((rng_image(h, w, 1, np.uint16) % 700).astype(np.uint16))
+        path = directory / name
+        image.save(path)
+        files[name] = path.read_bytes()
+    for name, data in files.items():
+        (directory / name).write_bytes(data)
+    return files
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L", "RGBA"])
+def test_pnm_files_decode_as_pillow_decodes_them(tmp_path, mode):
+    outcomes = {name: same_or_both_refuse(tmp_path / name, mode) for name in pnm_corpus(tmp_path)}
+    refused = {name for name, outcome in outcomes.items() if outcome.startswith("refused")}
+    # the damaged files are refused (by Pillow, so by us); the others decode
+    expected = {"truncated.ppm", "truncated_plain.pgm", "above_maxval_plain.pgm",
+                "maxval_zero.pgm", "bad_bit.pbm"}  # fmt: skip
+    assert refused == expected, outcomes
+
+
+def test_pnm_errors_name_the_file_and_the_cause(tmp_path):
+    path = tmp_path / "short.ppm"
+    path.write_bytes(_raw("P6", 4, 4, rng_image(4, 4, 3), 255)[:-5])
+    with pytest.raises(ValueError, match=r"short\.ppm.*truncated"):
+        ll.decode_image(path)
+    # Pillow's float PFM ("Pf") is not decoded here: refused with the reason
+    path = tmp_path / "float.ppm"
+    path.write_bytes(b"Pf\n1 1\n-1.0\n\x00\x00\x80\x3f")
+    with pytest.raises(ValueError, match=r"float\.ppm.*not supported"):
+        ll.decode_image(path)
+
+
+# -- TIFF ----------------------------------------------------------------------------------
+
+tifffile = pytest.importorskip("tifffile")
+
+
+def tiff_corpus(directory) -> list[str]:
+    h, w = 37, 53  # not a multiple of the 16-pixel tiles
+    names = []
+
+    def write(name, data, **options):
+        tifffile.imwrite(directory / name, data, **options)
+        names.append(name)
+
+    write("gray8.tif", rng_image(h, w, 1))
+    write("gray8_tiled.tif", rng_image(h, w, 1), tile=(16, 16))
+    write("gray16.tif", rng_image(h, w, 1, np.uint16) % 400)
+    write("gray16_tiled_deflate.tif", rng_image(h, w, 1, np.uint16) % 400, tile=(16, 16),
+          compression="zlib")  # fmt: skip
+    write("gray16_big_endian.tif", rng_image(h, w, 1, np.uint16) % 400, byteorder=">")
+    write(
+        "gray_alpha.tif", rng_image(h, w, 2), photometric="minisblack", extrasamples=["unassalpha"]
+    )
+    write("rgb8.tif", rng_image(h, w, 3))
+    write("rgb8_tiled.tif", rng_image(h, w, 3), tile=(16, 32))
+    write("rgb8_predictor_deflate.tif", rng_image(h, w, 3), compression="zlib", predictor=True)
+    write("rgb8_planar.tif", np.moveaxis(rng_image(h, w, 3), -1, 0), planarconfig="separate",
+          photometric="rgb")  # fmt: skip
+    write("rgb16.tif", rng_image(h, w, 3, np.uint16))
+    write("rgba8.tif", rng_image(h, w, 4), extrasamples=["unassalpha"])
+    write("rgbx8.tif", rng_image(h, w, 4), extrasamples=["unspecified"])
+    write("rgba16.tif", rng_image(h, w, 4, np.uint16), extrasamples=["unassalpha"])
+    write("miniswhite8.tif", rng_image(h, w, 1), photometric="miniswhite")
+    write("bits1.tif", rng_image(h, w, 1) % 2 == 1)
+    write("palette8.tif", rng_image(h, w, 1), photometric="palette",
+          colormap=rng_image(3, 256, 1, np.uint16))  # fmt: skip
+    # orientation (tag 274) applied as Pillow's exif_transpose applies it
+    write("rgb8_rotated.tif", rng_image(h, w, 3), extratags=[(274, "H", 1, 6, True)])
+
+    base = Image.fromarray(rng_image(h, w, 3, seed=3))
+    for mode in ("1", "L", "P", "RGB", "RGBA", "CMYK", "I;16", "LA"):
+        for compression in ("raw", "tiff_lzw", "tiff_adobe_deflate", "packbits"):
+            name = f"pillow_{mode.replace(';', '')}_{compression}.tif"
+            image = base.convert(mode) if mode != "I;16" else base.convert("L").convert("I;16")
+            image.save(directory / name, compression=compression)
+            names.append(name)
+    base.save(directory / "pillow_jpeg.tif", compression="jpeg")
+    base.convert("1").save(directory / "pillow_group4.tif", compression="group4")
+    names += ["pillow_jpeg.tif", "pillow_group4.tif"]
+    data = (directory / "rgb8_tiled.tif").read_bytes()
+    (directory / "truncated.tif").write_bytes(data[: len(data) // 2])
+    (directory / "header_only.tif").write_bytes(data[:8])
+    names += ["truncated.tif", "header_only.tif"]
+    return names
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L", "RGBA"])
+def test_tiff_files_decode_as_pillow_decodes_them(tmp_path, mode):
+    outcomes = {}
+    for name in tiff_corpus(tmp_path):
+        tolerance = 1 if name in ("pillow_jpeg.tif",) or "CMYK" in name else 0
+        outcomes[name] = same_or_both_refuse(tmp_path / name, mode, tolerance)
+    refused = sorted(name for name, outcome in outcomes.items() if outcome.startswith("refused"))
+    assert "rgb8.tif" not in refused and "header_only.tif" in refused, outcomes
+
+
+def test_tiff_errors_name_the_file(tmp_path):
+    path = tmp_path / "cut.tif"
+    tifffile.imwrite(path, rng_image(64, 64, 3))
+    path.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(ValueError, match=r"cut\.tif.*TIFF"):
+        ll.decode_image(path)
+    # float and signed samples (Pillow's modes F, I;16S) are refused with the reason
+    for name, data in (("float.tif", rng_image(8, 8, 1).astype(np.float32)),
+                       ("signed.tif", rng_image(8, 8, 1).astype(np.int16))):  # fmt: skip
+        tifffile.imwrite(tmp_path / name, data)
+        with pytest.raises(ValueError, match=name.replace(".", r"\.") + ".*not supported"):
+            ll.decode_image(tmp_path / name)
