@@ -32,17 +32,16 @@ from leanloader import _core
 # bomb guard), before anything is allocated.
 MAX_IMAGE_PIXELS = 89_478_485
 
-# torchvision.datasets.folder.IMG_EXTENSIONS. ImageFolder lists files with
-# the one extension leanloader cannot decode yet (.bmp), as torchvision does,
-# and refuses them up front unless their bytes are a format it decodes (see
+# torchvision.datasets.folder.IMG_EXTENSIONS, every one decoded. A file whose
+# bytes are no image format leanloader knows is refused up front (see
 # _refuse_undecodable).
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
-DECODED_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".ppm", ".pgm", ".tif", ".tiff")
+DECODED_EXTENSIONS = IMG_EXTENSIONS
 
 
 def _refuse_undecodable(root: str, paths: list[str]) -> None:
     """Raises ValueError when files of an ImageFolder are in a format leanloader
-    does not decode (BMP), found before the first epoch
+    does not decode (listed with extensions= or is_valid_file=), found before the first epoch
     rather than as decode errors in the middle of one. Only files whose
     extension is not a decoded format's are read (their first 12 bytes)."""
     undecodable = [
@@ -57,7 +56,7 @@ def _refuse_undecodable(root: str, paths: list[str]) -> None:
     more = f"\n  ... and {len(undecodable) - 5} more" if len(undecodable) > 5 else ""
     raise ValueError(
         f"ImageFolder({root!r}): {len(undecodable)} of {len(paths)} files are not JPEG, PNG, "
-        f"WebP, PPM/PGM/PBM or TIFF, the formats leanloader decodes:\n  {shown}{more}\n"
+        f"WebP, PPM/PGM/PBM, TIFF or BMP, the formats leanloader decodes:\n  {shown}{more}\n"
         "Convert them (for example with Pillow: Image.open(p).save(q.with_suffix('.png'))), "
         "leave them out with is_valid_file= or extensions=, or load them with ll.DataLoader "
         "over a PIL dataset."

@@ -26,6 +26,7 @@ StoredSize png_size(std::span<const std::byte> bytes);
 StoredSize webp_size(std::span<const std::byte> bytes);
 StoredSize pnm_size(std::span<const std::byte> bytes);
 StoredSize tiff_size(std::span<const std::byte> bytes);
+StoredSize bmp_size(std::span<const std::byte> bytes);
 
 // JPEG: decodes `box` (stored coordinates) at DCT scale num/8, num the
 // smallest in 1..8 that keeps the box at least min_width x min_height (1
@@ -45,7 +46,9 @@ void png_decode(std::span<const std::byte> bytes, const DecodeOptions& options, 
 void webp_decode(std::span<const std::byte> bytes, const DecodeOptions& options, StoredSize size,
                  const PixelBox& box, std::span<uint8_t> dst);
 
-// PBM/PGM/PPM and TIFF decode the whole image into `dst` (width x height x
+void bmp_decode(std::span<const std::byte> bytes, const DecodeOptions& options, StoredSize size,
+                std::span<uint8_t> dst);
+// PBM/PGM/PPM, TIFF and BMP decode the whole image into `dst` (width x height x
 // channels bytes), as Pillow decodes and converts them.
 void pnm_decode(std::span<const std::byte> bytes, const DecodeOptions& options, StoredSize size,
                 std::span<uint8_t> dst);

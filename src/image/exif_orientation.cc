@@ -261,6 +261,7 @@ std::optional<int> exif_orientation(Bytes bytes, ImageFormat format) {
       // The file's own first IFD holds the tag (Pillow's getexif() of a TIFF).
       return tiff_orientation(bytes);
     case ImageFormat::kPnm:
+    case ImageFormat::kBmp:
     case ImageFormat::kUnknown:
       break;
   }

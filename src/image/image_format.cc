@@ -24,6 +24,7 @@ ImageFormat detect_image_format(std::span<const std::byte> bytes) noexcept {
       std::strchr(" \t\n\v\f\r", b[2]) != nullptr && b[2] != 0) {
     return ImageFormat::kPnm;
   }
+  if (n >= 2 && b[0] == 'B' && b[1] == 'M') return ImageFormat::kBmp;
   return ImageFormat::kUnknown;
 }
 
@@ -44,6 +45,8 @@ std::string_view image_format_name(ImageFormat format) noexcept {
       return "PPM";
     case ImageFormat::kTiff:
       return "TIFF";
+    case ImageFormat::kBmp:
+      return "BMP";
     case ImageFormat::kUnknown:
       break;
   }

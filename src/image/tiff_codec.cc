@@ -187,8 +187,12 @@ std::vector<uint8_t> read_samples(TIFF* tif, const MemoryFile& file, uint32_t wi
   TIFFGetField(tif, TIFFTAG_TILELENGTH, &tile_height);
   const tmsize_t tile_row_bytes = TIFFTileRowSize(tif);
   const tmsize_t tile_bytes = TIFFTileSize(tif);
-  if (tile_width == 0 || tile_height == 0 || tile_row_bytes <= 0 || tile_bytes <= 0) {
-    fail(file, "bad tile size");
+  // A tile larger than the image needs (by a wide margin) is a malformed
+  // header, not a reason to allocate gigabytes.
+  if (tile_width == 0 || tile_height == 0 || tile_row_bytes <= 0 || tile_bytes <= 0 ||
+      static_cast<size_t>(tile_bytes) > std::max(*total * 4, size_t{64} << 20)) {
+    fail(file, "bad tile size (" + std::to_string(tile_width) + "x" + std::to_string(tile_height) +
+                   " for a " + std::to_string(width) + "x" + std::to_string(height) + " image)");
   }
   std::vector<uint8_t> tile(static_cast<size_t>(tile_bytes));
   const size_t pixel_bits = static_cast<size_t>(field<uint16_t>(tif, TIFFTAG_BITSPERSAMPLE, 1)) *

@@ -89,7 +89,18 @@ TEST(ImageDecoderTest, PnmFollowsPillowsRules) {
   EXPECT_THROW(decode(text_bytes("Pf\n1 1\n-1.0\n\x00\x00\x80\x3f")), FormatError);
 }
 
-TEST(ImageDecoderTest, DamagedTiffIsAFormatError) {
+TEST(ImageDecoderTest, DamagedTiffAndBmpAreFormatErrors) {
+  EXPECT_EQ(detect_image_format(as_bytes(text_bytes("BM...."))), ImageFormat::kBmp);
+  EXPECT_THROW(decode(text_bytes("BM")), FormatError);
+  // a 40-byte header announcing 2-bit pixels (Pillow refuses them too)
+  std::vector<uint8_t> bmp(54, 0);
+  bmp[0] = 'B', bmp[1] = 'M', bmp[10] = 54, bmp[14] = 40, bmp[18] = 1, bmp[22] = 1, bmp[26] = 1;
+  bmp[28] = 2;
+  EXPECT_THROW(decode(bmp), FormatError);
+  bmp[28] = 24;  // 24-bit, one pixel announced, none there
+  EXPECT_THROW(decode(bmp), FormatError);
+  bmp.insert(bmp.end(), {10, 20, 30, 0});  // B, G, R, padding
+  EXPECT_EQ(decode(bmp).pixels, (std::vector<uint8_t>{30, 20, 10}));
   EXPECT_THROW(decode({'I', 'I', 42, 0, 8, 0, 0, 0}), FormatError);
   EXPECT_THROW(decode({'M', 'M', 0, 42, 0xff, 0, 0, 0, 1, 2, 3}), FormatError);
 }
@@ -103,7 +114,7 @@ TEST(ImageDecoderTest, TellsAFilesFormatByItsFirstBytes) {
       .write(reinterpret_cast<const char*>(png.data()), static_cast<std::streamsize>(png.size()));
   EXPECT_EQ(detect_image_file_format(named_bmp), ImageFormat::kPng);
   const std::string short_file = dir.file("short.jpg");
-  std::ofstream(short_file) << "BM";
+  std::ofstream(short_file) << "GI";
   EXPECT_EQ(detect_image_file_format(short_file), ImageFormat::kUnknown);
   EXPECT_THROW(detect_image_file_format(dir.file("missing.png")), IoError);
 }
