@@ -1,0 +1,135 @@
+"""Images written by encoders we did not write — libjpeg-turbo's cjpeg,
+libwebp's cwebp and img2webp, ImageMagick — decoded by ``ll.decode_image``
+and by Pillow (``Image.open -> convert(mode)``): equal (lossy formats within
+±1), in every output mode. The tools come from Debian (libjpeg-turbo-progs,
+webp, imagemagick: `make test` installs them); a missing tool skips its
+files only."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+import leanloader as ll
+
+Image = pytest.importorskip("PIL.Image")
+ImageFilter = pytest.importorskip("PIL.ImageFilter")
+
+HEIGHT, WIDTH = 45, 61  # odd: chroma subsampling and padding at the edges
+
+
+def _source(directory):
+    rng = np.random.default_rng(11)
+    base = Image.fromarray(rng.integers(0, 256, (6, 8, 3), dtype=np.uint8)).resize(
+        (WIDTH, HEIGHT), Image.BICUBIC
+    )
+    noise = Image.fromarray(rng.integers(0, 256, (HEIGHT, WIDTH, 3), dtype=np.uint8))
+    image = Image.blend(base, noise.filter(ImageFilter.GaussianBlur(1)), 0.3)
+    alpha = Image.fromarray(rng.integers(0, 256, (HEIGHT, WIDTH), dtype=np.uint8))
+    image.save(directory / "source.ppm")
+    rgba = image.copy()
+    rgba.putalpha(alpha)
+    rgba.save(directory / "source_alpha.png")
+    return directory / "source.ppm", directory / "source_alpha.png"
+
+
+def _tool(*names):
+    for name in names:
+        path = shutil.which(name)
+        if path is not None and not path.startswith("/usr/local/"):
+            return path
+    return None
+
+
+def _encode(directory) -> dict[str, int]:
+    """Writes the corpus; returns {file name: tolerance}."""
+    ppm, png_alpha = _source(directory)
+    files: dict[str, int] = {}
+
+    def run(tolerance, name, *command):
+        subprocess.run([*command], check=True, capture_output=True, timeout=60)
+        files[name] = tolerance
+
+    cjpeg = _tool("cjpeg")
+    if cjpeg is not None:
+        variants = {
+            "baseline": [],
+            "progressive": ["-progressive"],
+            "restart": ["-restart", "1"],
+            "arithmetic": ["-arithmetic"],
+            "optimized": ["-optimize"],
+            "444": ["-sample", "1x1"],
+            "422": ["-sample", "2x1"],
+            "420": ["-sample", "2x2"],
+            "411": ["-sample", "4x1"],
+            "gray": ["-grayscale"],
+        }
+        for name, options in variants.items():
+            out = directory / f"cjpeg_{name}.jpg"
+            run(1, out.name, cjpeg, "-quality", "90", *options, "-outfile", str(out), str(ppm))
+    png = directory / "source.png"
+    Image.open(ppm).save(png)
+    cwebp = _tool("cwebp")
+    if cwebp is not None:
+        for name, options in {"lossy": ["-q", "80"], "lossless": ["-lossless"]}.items():
+            out = directory / f"cwebp_{name}.webp"
+            run(1 if name == "lossy" else 0, out.name, cwebp, "-quiet", *options, str(png),
+                "-o", str(out))  # fmt: skip
+        out = directory / "cwebp_alpha_lossless.webp"
+        run(0, out.name, cwebp, "-quiet", "-lossless", "-exact", str(png_alpha), "-o", str(out))
+    img2webp = _tool("img2webp")
+    if img2webp is not None:
+        second = directory / "frame2.png"
+        Image.open(ppm).transpose(Image.FLIP_LEFT_RIGHT).save(second)
+        out = directory / "img2webp_animated.webp"
+        run(0, out.name, img2webp, "-lossless", str(png), str(second), "-o", str(out))
+    convert = _tool("convert-im6.q16", "convert-im7", "magick", "convert")
+    if convert is not None:
+        magick = {
+            "im_palette.png": ["-colors", "40", "png8:{out}"],
+            "im_16bit.png": ["-depth", "16", "png48:{out}"],
+            "im_interlaced.png": ["-interlace", "PNG", "{out}"],
+            "im_gray.png": ["-colorspace", "Gray", "png:{out}"],
+            "im_gray_16bit.png": ["-colorspace", "Gray", "-depth", "16", "png:{out}"],
+            "im_lzw.tif": ["-compress", "LZW", "{out}"],
+            "im_zip_16bit.tif": ["-depth", "16", "-compress", "Zip", "{out}"],
+            "im_jpeg.tif": ["-compress", "JPEG", "{out}"],
+            "im_gray.tif": ["-colorspace", "Gray", "{out}"],
+            "im_bmp3.bmp": ["bmp3:{out}"],
+            "im_bmp_rle.bmp": ["-colors", "16", "-compress", "RLE", "bmp3:{out}"],
+            "im_palette.bmp": ["-colors", "200", "-type", "Palette", "bmp3:{out}"],
+            "im_plain.ppm": ["-compress", "None", "{out}"],
+            "im_gray.pgm": ["-colorspace", "Gray", "{out}"],
+            "im_16bit.ppm": ["-depth", "16", "{out}"],
+        }
+        for name, options in magick.items():
+            out = str(directory / name)
+            tolerance = 1 if name == "im_jpeg.tif" else 0
+            run(tolerance, name, convert, str(ppm), *[o.format(out=out) for o in options])
+    if not files:
+        pytest.skip("none of cjpeg, cwebp, img2webp, ImageMagick is installed")
+    return files
+
+
+def _pillow(path, mode):
+    with Image.open(path) as image:
+        return np.asarray(image.convert(mode))
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L", "RGBA"])
+def test_files_from_other_encoders_decode_as_pillow_decodes_them(tmp_path, mode):
+    files = _encode(tmp_path)
+    different = {}
+    for name, tolerance in files.items():
+        expected = _pillow(tmp_path / name, mode)
+        got = ll.decode_image(tmp_path / name, mode=mode)
+        if mode == "L":
+            got = got[..., 0]
+        worst = int(np.abs(got.astype(int) - expected.astype(int)).max(initial=0))
+        if got.shape != expected.shape or worst > tolerance:
+            different[name] = (got.shape, expected.shape, worst)
+    assert not different, different
+    assert len(files) >= 10, sorted(files)
