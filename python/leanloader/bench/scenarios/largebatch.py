@@ -19,8 +19,12 @@ per item), batch 32 (≈ 300 MB per batch), shuffled. The same files as
   the same start-up).
 
 All runs: N = 2 and 4, persistent workers, prefetch factor 2, the same
-generator seed. Goals (issue 9): samples/s ≥ 1× torch (fork and spawn), first
-batch ≤ torch spawn's, peak unreclaimable memory ≤ torch fork's.
+generator seed. Seed 004's own loop besides: ``leanloader-seed004-4`` /
+``torch-fork-seed004-4``: 4 workers, ``pin_memory=True`` (a no-op without an
+accelerator, on both sides), two epochs. Goals (issue 9): samples/s ≥ 1×
+torch (fork and spawn), first batch ≤ torch spawn's, peak unreclaimable
+memory ≤ torch fork's; seed 004's loop (issue 23): samples/s ≥ 1× and peak
+≤ 1× torch fork's.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ def _loader_arguments(context: LoaderContext) -> dict[str, Any]:
         "num_workers": int(context.options["workers"]),
         "persistent_workers": True,
         "prefetch_factor": 2,
+        "pin_memory": bool(context.options.get("pin", False)),
         "generator": torch.Generator().manual_seed(context.seed),
     }
 
@@ -68,10 +73,14 @@ def iterate_leanloader(context: LoaderContext) -> Iterator[Any]:
         **_loader_arguments(context),
     )
     try:
-        for _ in range(int(context.size["epochs"])):
+        for _ in range(_epochs(context)):
             yield from loader
     finally:
         loader.close()
+
+
+def _epochs(context: LoaderContext) -> int:
+    return int(context.options.get("epochs") or context.size["epochs"])
 
 
 def iterate_torch(context: LoaderContext) -> Iterator[Any]:
@@ -83,7 +92,7 @@ def iterate_torch(context: LoaderContext) -> Iterator[Any]:
         **_loader_arguments(context),
     )
     try:
-        for _ in range(int(context.size["epochs"])):
+        for _ in range(_epochs(context)):
             yield from loader
     finally:
         del loader
@@ -122,6 +131,28 @@ def _torch(workers: int, start: str) -> LoaderRun:
         row_options=("workers", "start"),
         label=f"torch DataLoader, {workers} workers ({start})",
         key=f"torch-{start}-{workers}",
+    )
+
+
+SEED004_WORKERS = 4
+SEED004_EPOCHS = 2
+
+
+def _seed004(name: str) -> LoaderRun:
+    """Seed 004's loop: 4 workers, pin_memory=True, persistent, two epochs."""
+    options = {"workers": SEED004_WORKERS, "start": "fork" if name == "torch" else "",
+               "mode": "process", "pin": True, "epochs": SEED004_EPOCHS}  # fmt: skip
+    key = "torch-fork" if name == "torch" else "leanloader"
+    return LoaderRun(
+        name=name,
+        function=iterate_torch if name == "torch" else iterate_leanloader,
+        threads=SEED004_WORKERS,
+        imports=("torch", "h5py") if name == "torch" else ("leanloader", "torch", "h5py"),
+        options=options,
+        row_options=("workers", "start", "pin", "epochs"),
+        label=f"{'torch DataLoader (fork)' if name == 'torch' else 'll.DataLoader'}, seed 004's "
+        f"loop: {SEED004_WORKERS} workers, pin_memory=True, {SEED004_EPOCHS} epochs",
+        key=f"{key}-seed004-{SEED004_WORKERS}",
     )
 
 
@@ -175,25 +206,46 @@ SCENARIO = Scenario(
         },
     },
     prepare=_hdf5.prepare,
-    loaders=tuple(
-        run
-        for workers in WORKER_COUNTS
-        for run in (
-            _leanloader(workers, "process"),
-            _leanloader(workers, "process", start="spawn"),
-            _leanloader(workers, "thread"),
-            _torch(workers, "fork"),
-            _torch(workers, "spawn"),
-        )
+    loaders=(
+        *(
+            run
+            for workers in WORKER_COUNTS
+            for run in (
+                _leanloader(workers, "process"),
+                _leanloader(workers, "process", start="spawn"),
+                _leanloader(workers, "thread"),
+                _torch(workers, "fork"),
+                _torch(workers, "spawn"),
+            )
+        ),
+        _seed004("leanloader"),
+        _seed004("torch"),
     ),
-    ratios=tuple(
-        (f"leanloader{variant}-{workers}", f"torch-{start}-{workers}")
-        for workers in WORKER_COUNTS
-        for variant in ("", "-spawn")
-        for start in ("fork", "spawn")
-    )
-    + tuple((f"leanloader-thread-{workers}", f"torch-fork-{workers}") for workers in WORKER_COUNTS),
-    goals=tuple(goal for workers in WORKER_COUNTS for goal in _goals(workers)),
+    ratios=(
+        *(
+            (f"leanloader{variant}-{workers}", f"torch-{start}-{workers}")
+            for workers in WORKER_COUNTS
+            for variant in ("", "-spawn")
+            for start in ("fork", "spawn")
+        ),
+        *((f"leanloader-thread-{workers}", f"torch-fork-{workers}") for workers in WORKER_COUNTS),
+        (f"leanloader-seed004-{SEED004_WORKERS}", f"torch-fork-seed004-{SEED004_WORKERS}"),
+    ),
+    goals=(
+        *(goal for workers in WORKER_COUNTS for goal in _goals(workers)),
+        Goal(
+            "seed 004's loop: samples/s ≥ 1× torch (fork)",
+            "samples_per_s",
+            at_least=1.0,
+            ratio=f"leanloader-seed004-{SEED004_WORKERS}/torch-fork-seed004-{SEED004_WORKERS}",
+        ),
+        Goal(
+            "seed 004's loop: peak unreclaimable ≤ torch (fork)",
+            "peak_unreclaimable_bytes",
+            at_most=1.0,
+            ratio=f"leanloader-seed004-{SEED004_WORKERS}/torch-fork-seed004-{SEED004_WORKERS}",
+        ),
+    ),
     warm_files=_hdf5._warm_files,
     describe_size=_describe_size,
 )
