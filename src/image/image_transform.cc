@@ -189,32 +189,17 @@ void resize_into(const View& from, int64_t width, int64_t height, uint8_t* to,
 }
 
 // Resizes the fractional box (x, y, w, h) of `from` (a DCT-scaled decode
-// widened to whole pixels) to width x height: each output pixel's center is
-// sampled bilinearly at its exact place in the box (rounding the box to whole
-// pixels would shift the crop by up to half an output pixel: measured, 25-36
-// dB against Pillow instead of 40-44). A Gaussian of variance (s^2 - 1) / 4
-// for a shrink s antialiases first: Pillow's triangle filter has s^2 / 6 and
-// bilinear sampling about 1/6, but the scaled IDCT keeps more detail than
-// Pillow's full-size decode shrunk, and this variance measured closest.
+// widened to whole pixels) to width x height with Pillow's resampler and that
+// fractional box (rounding the box to whole pixels would shift the crop by up
+// to half an output pixel). Against Pillow's full-size decode resized, over
+// 144 RandomResizedCrop boxes of three photos: 39.0 dB at worst, 42.7
+// median (OpenCV's Gaussian + warpAffine, used before: 36.9 / 41.6).
 void resize_box_into(const View& from, double x, double y, double w, double h, int64_t width,
-                     int64_t height, uint8_t* to, std::vector<uint8_t>& blurred) {
-  cv::Mat source = from.mat();
-  cv::Mat target(static_cast<int>(height), static_cast<int>(width), CV_8UC(from.channels), to);
-  const double shrink_x = w / static_cast<double>(width);
-  const double shrink_y = h / static_cast<double>(height);
-  const double variance_x = (shrink_x * shrink_x - 1.0) / 4.0;
-  const double variance_y = (shrink_y * shrink_y - 1.0) / 4.0;
-  if (variance_x > 0.01 || variance_y > 0.01) {
-    blurred.resize(static_cast<size_t>(from.width * from.height * from.channels));
-    cv::Mat blur(source.rows, source.cols, source.type(), blurred.data());
-    cv::GaussianBlur(source, blur, cv::Size(0, 0), std::sqrt(std::max(variance_x, 1e-6)),
-                     std::sqrt(std::max(variance_y, 1e-6)), cv::BORDER_REPLICATE);
-    source = blur;
-  }
-  const cv::Matx23d to_source(shrink_x, 0.0, x + 0.5 * shrink_x - 0.5, 0.0, shrink_y,
-                              y + 0.5 * shrink_y - 0.5);
-  cv::warpAffine(source, target, to_source, target.size(), cv::INTER_LINEAR | cv::WARP_INVERSE_MAP,
-                 cv::BORDER_REPLICATE);
+                     int64_t height, uint8_t* to, std::vector<uint8_t>& scratch) {
+  const detail::PixelPlane plane{from.data, from.width, from.height, from.channels, from.stride};
+  detail::resample_bilinear(plane, static_cast<float>(x), static_cast<float>(y),
+                            static_cast<float>(x + w), static_cast<float>(y + h), width, height, to,
+                            scratch);
 }
 
 uint16_t float_to_half(float value) {
