@@ -853,3 +853,19 @@ def test_orientation_from_xmp_and_png_text_as_pillows_exif_transpose(tmp_path, w
         expected = np.asarray(ImageOps.exif_transpose(opened).convert("RGB"))
     assert expected.shape[:2] != (24, 40) or orientation == 3 or where == "jpeg-exif-and-xmp"
     np.testing.assert_array_equal(decode(path, exif_orientation=True), expected)
+
+
+@pytest.mark.parametrize("size", [(17, 23), (90, 30), (200, 160)])
+def test_rgba_resizes_premultiplied_as_pillow(tmp_path, size):
+    # Pillow resizes RGBA as "RGBa": a fully transparent pixel's colour does
+    # not bleed into its neighbours.
+    rng = np.random.default_rng(3)
+    pixels = rng.integers(0, 256, (60, 80, 4), dtype=np.uint8)
+    pixels[::3, :, 3] = 0
+    pixels[1::3, :, 3] = 255
+    path = tmp_path / "alpha.png"
+    Image.fromarray(pixels, "RGBA").save(path)
+    source = ll.Images([path], transform=[ll.Resize(size)], layout="HWC", mode="RGBA")
+    (got,) = read_all(source)["image"]
+    expected = Image.open(path).convert("RGBA").resize(size[::-1], Image.BILINEAR)
+    assert np.array_equal(got, np.asarray(expected))
