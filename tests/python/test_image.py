@@ -359,7 +359,7 @@ def test_random_resized_crop_boxes_follow_torchvision(tmp_path, shape, scale):
 
 
 @pytest.mark.parametrize(
-    "name,dct_scaling,min_psnr", [("x.png", False, 45), ("x.jpg", False, 45), ("x.jpg", True, 38)]
+    "name,dct_scaling,min_psnr", [("x.png", False, 45), ("x.jpg", False, 45), ("x.jpg", True, 41)]
 )
 def test_reported_params_are_the_ones_applied(tmp_path, name, dct_scaling, min_psnr):
     path = tmp_path / name
@@ -401,7 +401,7 @@ def test_dct_scaled_crops_of_oriented_jpegs_follow_pillows_exif_transpose(tmp_pa
         assert params["image_size"] == (upright.height, upright.width)
         ((i, j, h, w),) = params["crops"]
         expected = upright.resize((64, 64), Image.BILINEAR, box=(j, i, j + w, i + h))
-        assert psnr(image, np.asarray(expected)) >= 38, (orientation, index, params)
+        assert psnr(image, np.asarray(expected)) >= 41, (orientation, index, params)
 
 
 def test_flip_normalize_and_dtypes_match_a_numpy_reference(tmp_path):
