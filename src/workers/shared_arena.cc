@@ -43,8 +43,7 @@ size_t page_size() {
 
 uint64_t forks_of_this_process() noexcept { return fork_count.load(std::memory_order_relaxed); }
 
-SharedArena::SharedArena(std::shared_ptr<const SharedFile> file, std::string dir)
-    : file_(std::move(file)), dir_(std::move(dir)) {
+SharedArena::SharedArena(std::shared_ptr<const SharedFile> file) : file_(std::move(file)) {
   struct stat st {};
   if (::fstat(file_->fd, &st) == 0) {
     device_ = static_cast<uint64_t>(st.st_dev);
@@ -56,7 +55,7 @@ std::shared_ptr<SharedArena> SharedArena::create(const std::string& dir_arg) {
   count_forks_from_now();
   const std::string dir = dir_arg.empty() ? default_shm_dir() : dir_arg;
   auto file = detail::create_shared_file(dir, 0, SharedSegment::Reserve::kLater);
-  return std::shared_ptr<SharedArena>(new SharedArena(std::move(file), dir));
+  return std::shared_ptr<SharedArena>(new SharedArena(std::move(file)));
 }
 
 std::shared_ptr<SharedSegment> SharedArena::allocate(size_t size, SharedSegment::Reserve reserve) {

@@ -66,7 +66,7 @@ class SharedArena final : public std::enable_shared_from_this<SharedArena> {
  private:
   friend class SharedSegment;
 
-  SharedArena(std::shared_ptr<const SharedFile> file, std::string dir);
+  explicit SharedArena(std::shared_ptr<const SharedFile> file);
   // Called by a segment's destructor, after it unmapped the range.
   void release(size_t file_offset, size_t length, uint64_t forks_at_creation,
                bool mapped_privately) noexcept;
@@ -82,7 +82,6 @@ class SharedArena final : public std::enable_shared_from_this<SharedArena> {
   };
 
   const std::shared_ptr<const SharedFile> file_;
-  const std::string dir_;
   uint64_t device_ = 0;
   uint64_t inode_ = 0;
   mutable std::mutex mutex_;
