@@ -160,6 +160,12 @@ BmpHeader parse_header(std::span<const std::byte> bytes) {
     if (colors == 0 || colors > 65536) {
       throw FormatError("BMP: unsupported palette size (" + std::to_string(colors) + ")");
     }
+    if (colors > 256) {
+      // Pillow accepts the header, then its putpalette refuses more than 256
+      // entries at load.
+      throw FormatError("BMP: invalid palette size (" + std::to_string(colors) +
+                        " colours; at most 256)");
+    }
     // Pillow reads the palette right after the header (and the masks).
     const size_t entries = std::min<size_t>(colors, 256);
     h.palette.assign(256, {0, 0, 0});
@@ -264,10 +270,13 @@ void bmp_decode(std::span<const std::byte> bytes, const DecodeOptions& options, 
     rows = rle.data();
   } else {
     const auto row_bits = checked_mul(width, h.bits);
-    const auto total =
-        row_bits ? checked_mul(((*row_bits + 31) >> 3) & ~size_t{3}, height) : std::nullopt;
-    if (!total) throw FormatError("BMP: image size overflows");
+    if (!row_bits) throw FormatError("BMP: image size overflows");
     stride = ((*row_bits + 31) >> 3) & ~size_t{3};
+    // The last row stored needs no padding (Pillow's raw decoder reads a row's
+    // pixels, then skips the padding).
+    const auto padded = checked_mul(stride, height > 0 ? height - 1 : 0);
+    const auto total = padded ? checked_add(*padded, (*row_bits + 7) / 8) : std::nullopt;
+    if (!total) throw FormatError("BMP: image size overflows");
     if (h.data_offset > bytes.size() || bytes.size() - h.data_offset < *total) truncated();
     rows = reinterpret_cast<const uint8_t*>(bytes.data()) + h.data_offset;
   }

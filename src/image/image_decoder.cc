@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "image/codecs.h"
+#include "image/pillow_pixels.h"
 #include "image/scratch.h"
 #include "leanloader/core/checked_size.h"
 #include "leanloader/core/error.h"
@@ -19,8 +20,7 @@ namespace detail {
 void rgb_to_gray_in_place(uint8_t* pixels, size_t count) {
   for (size_t i = 0; i < count; ++i) {
     const uint8_t* rgb = pixels + 3 * i;
-    pixels[i] =
-        static_cast<uint8_t>((rgb[0] * 19595 + rgb[1] * 38470 + rgb[2] * 7471 + 0x8000) >> 16);
+    pixels[i] = pillow_luma(rgb[0], rgb[1], rgb[2]);
   }
 }
 

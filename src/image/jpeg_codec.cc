@@ -19,6 +19,7 @@
 #include <string>
 
 #include "image/codecs.h"
+#include "image/pillow_pixels.h"
 #include "leanloader/core/checked_size.h"
 #include "leanloader/core/error.h"
 
@@ -57,41 +58,20 @@ void on_message(j_common_ptr cinfo, int level) {
 // Pixels decoded beyond each side of a region (see jpeg_crop_scanline).
 constexpr int64_t kCropMargin = 4;
 
-inline uint8_t clip8(int value) { return static_cast<uint8_t>(std::clamp(value, 0, 255)); }
-
-// Pillow's MULDIV255 and cmyk2rgb (libImaging/Convert.c).
-inline int muldiv255(int a, int b) {
-  const int t = a * b + 128;
-  return ((t >> 8) + t) >> 8;
-}
-
 // Converts `count` pixels of `in` (`in_channels` per pixel: 1 gray, 3 RGB, 4
 // CMYK; never RGBA, which is only copied) to `out_channels` per pixel as Pillow's convert() does.
 void convert_pixels(const uint8_t* in, int in_channels, bool inverted_cmyk, uint8_t* out,
                     int out_channels, size_t count) {
   for (size_t i = 0; i < count; ++i, in += in_channels, out += out_channels) {
-    uint8_t rgb[3];
+    Rgb rgb{in[0], in[0], in[0]};
     if (in_channels == 4) {
       int c = in[0], m = in[1], y = in[2], k = in[3];
       if (inverted_cmyk) c = 255 - c, m = 255 - m, y = 255 - y, k = 255 - k;
-      const int nk = 255 - k;
-      rgb[0] = clip8(nk - muldiv255(c, nk));
-      rgb[1] = clip8(nk - muldiv255(m, nk));
-      rgb[2] = clip8(nk - muldiv255(y, nk));
+      rgb = pillow_cmyk_to_rgb(c, m, y, k);
     } else if (in_channels == 3) {
-      rgb[0] = in[0], rgb[1] = in[1], rgb[2] = in[2];
-    } else {
-      rgb[0] = rgb[1] = rgb[2] = in[0];
+      rgb = {in[0], in[1], in[2]};
     }
-    if (out_channels == 1) {
-      out[0] = in_channels == 1
-                   ? in[0]
-                   : static_cast<uint8_t>(
-                         (rgb[0] * 19595 + rgb[1] * 38470 + rgb[2] * 7471 + 0x8000) >> 16);
-    } else {
-      out[0] = rgb[0], out[1] = rgb[1], out[2] = rgb[2];
-      if (out_channels == 4) out[3] = 255;
-    }
+    put_pixel(out, out_channels, rgb.r, rgb.g, rgb.b);
   }
 }
 

@@ -1,8 +1,10 @@
 // PNG through libspng. Sizes come from IHDR and are limited (spng's own image
 // and chunk limits as well as ours) before any pixel buffer exists.
+#include <libdeflate.h>
 #include <spng.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -39,6 +41,88 @@ Context open_png(std::span<const std::byte> bytes) {
   return ctx;
 }
 
+uint32_t big_endian32(const std::byte* at) {
+  return uint32_t{static_cast<uint8_t>(at[0])} << 24 | uint32_t{static_cast<uint8_t>(at[1])} << 16 |
+         uint32_t{static_cast<uint8_t>(at[2])} << 8 | uint32_t{static_cast<uint8_t>(at[3])};
+}
+
+// Pillow's chunk name rule (a regex \w{4}).
+bool is_chunk_name(const std::byte* at) {
+  return std::all_of(at, at + 4, [](std::byte b) {
+    const auto c = static_cast<unsigned char>(b);
+    return std::isalnum(c) != 0 || c == '_';
+  });
+}
+
+std::string chunk_name(const std::byte* at) {
+  return std::string(reinterpret_cast<const char*>(at), 4);
+}
+
+// The chunk structure as Pillow's PngImagePlugin walks it, so that a file is
+// refused where Pillow refuses it even when libspng, which stops reading at
+// the last row, decodes it:
+// - up to the first IDAT (Image.open), every chunk complete with a correct
+//   CRC, and an iCCP profile compressed by method 0;
+// - after the image data (load_end), every chunk with a readable header is
+//   complete up to IEND (its CRC is not read there).
+void check_chunks_as_pillow(std::span<const std::byte> bytes) {
+  size_t at = 8;
+  const auto header_at = [&](size_t offset) { return offset + 8 <= bytes.size(); };
+  for (;;) {
+    if (!header_at(at) || !is_chunk_name(bytes.data() + at + 4)) {
+      throw FormatError("PNG: broken file: no readable chunk at byte " + std::to_string(at) +
+                        " before the image data");
+    }
+    const uint32_t length = big_endian32(bytes.data() + at);
+    const std::string name = chunk_name(bytes.data() + at + 4);
+    if (name == "IDAT" || name == "fdAT") break;
+    if (bytes.size() - at - 8 < static_cast<size_t>(length) + 4) {
+      throw FormatError("PNG: image file is truncated (in the " + name + " chunk)");
+    }
+    const std::byte* data = bytes.data() + at + 8;
+    const uint32_t crc = libdeflate_crc32(0, bytes.data() + at + 4, size_t{length} + 4);
+    if (crc != big_endian32(data + length)) {
+      throw FormatError("PNG: broken file (bad checksum in the " + name + " chunk)");
+    }
+    if (name == "iCCP") {
+      const auto* end = std::find(data, data + length, std::byte{0});
+      if (end + 1 < data + length && *(end + 1) != std::byte{0}) {
+        throw FormatError("PNG: unknown compression method " +
+                          std::to_string(static_cast<int>(*(end + 1))) + " in the iCCP chunk");
+      }
+    }
+    at += size_t{length} + 12;
+  }
+  // The image data: consecutive IDAT (or fdAT) chunks; libspng reads them.
+  while (header_at(at)) {
+    const std::string name = chunk_name(bytes.data() + at + 4);
+    if (name != "IDAT" && name != "fdAT") break;
+    const size_t length = big_endian32(bytes.data() + at);
+    const size_t available = bytes.size() - at - 8;
+    if (available < length) {
+      // Cut inside this chunk's data: Pillow accepts the file when its
+      // decoder finished inside this chunk (libspng decides that), but a chunk
+      // with no data at all came after the image's last byte.
+      if (available == 0) {
+        throw FormatError("PNG: image file is truncated (an " + name +
+                          " chunk after the image data is cut short)");
+      }
+      return;
+    }
+    at += length + 12;
+  }
+  while (header_at(at) && is_chunk_name(bytes.data() + at + 4)) {
+    const std::string name = chunk_name(bytes.data() + at + 4);
+    if (name == "IEND") return;
+    const size_t length = big_endian32(bytes.data() + at);
+    if (bytes.size() - at - 8 < length) {
+      throw FormatError("PNG: image file is truncated (the " + name +
+                        " chunk after the image data is cut short)");
+    }
+    at += length + 12;
+  }
+}
+
 size_t decoded_size(spng_ctx* ctx, int format) {
   size_t size = 0;
   check(spng_decoded_image_size(ctx, format, &size), "image size");
@@ -56,6 +140,7 @@ StoredSize png_size(std::span<const std::byte> bytes) {
 
 void png_decode(std::span<const std::byte> bytes, const DecodeOptions& options, StoredSize size,
                 std::span<uint8_t> dst) {
+  check_chunks_as_pillow(bytes);
   Context ctx = open_png(bytes);
   // Limits spng checks itself, so that nothing larger than the header said
   // is ever allocated.

@@ -3,19 +3,23 @@
 // characters), its modes ("1", "L", "I" for 16-bit gray, "RGB"), its scaling
 // of a maxval other than 255 (round(value / maxval * out_max), Python's
 // round: ties to even), and its refusals (a value above maxval in a plain
-// file, a short file). Then Pillow's conversion to the requested mode: "1"
-// is 0 or 255, "I" clips at 255, RGB to L is Pillow's luma.
+// file, a short file), and PFM ("Pf", mode "F": 32-bit floats, bottom row
+// first). Then Pillow's conversion to the requested mode: "1"
+// is 0 or 255, "I" clips at 255, "F" truncates and clips to 0..255, RGB to L is Pillow's luma.
 //
 // Why our own reader: the format is a few lines of rules, and Debian's
 // libnetpbm reports errors by exiting the process (pm_error), which a loader
 // thread cannot use.
+#include <bit>
 #include <cfenv>
+#include <charconv>
 #include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "image/codecs.h"
+#include "image/pillow_pixels.h"
 #include "leanloader/core/checked_size.h"
 #include "leanloader/core/error.h"
 
@@ -28,10 +32,11 @@ bool is_space(unsigned char c) {
 }
 
 struct PnmHeader {
-  char kind = 0;  // '1'..'6'
+  char kind = 0;  // '1'..'6', or 'f' (PFM, Pillow's mode "F")
   int64_t width = 0;
   int64_t height = 0;
   uint32_t maxval = 1;
+  bool little_endian = false;  // PFM ('f') only
   size_t data_offset = 0;
 };
 
@@ -91,19 +96,32 @@ PnmHeader parse_header(std::span<const std::byte> bytes) {
     if (c < 0 || is_space(static_cast<unsigned char>(c))) break;
     magic += static_cast<char>(c);
   }
-  if (magic == "Pf" || magic == "PF" || magic == "P0CMYK" || magic.rfind("Py", 0) == 0) {
+  if (magic == "P0CMYK" || magic.rfind("Py", 0) == 0) {
     throw FormatError("PPM: '" + magic +
-                      "' files (float, CMYK, Pillow's test variants) are "
+                      "' files (CMYK, Pillow's test variants) are "
                       "not supported; convert the image to P1-P6");
   }
-  if (magic.size() != 2 || magic[0] != 'P' || magic[1] < '1' || magic[1] > '6') {
+  const bool pfm = magic == "Pf";
+  if (!pfm && (magic.size() != 2 || magic[0] != 'P' || magic[1] < '1' || magic[1] > '6')) {
     throw FormatError("PPM: not a PPM file (magic '" + magic + "')");
   }
   PnmHeader header;
   header.kind = magic[1];
   header.width = reader.number("width");
   header.height = reader.number("height");
-  if (header.kind != '1' && header.kind != '4') {
+  if (pfm) {
+    // Pillow's float(token): finite and non-zero; its sign is the byte order.
+    const std::string text = reader.token();
+    double scale = 0.0;
+    const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), scale);
+    if (error != std::errc() || end != text.data() + text.size()) {
+      throw FormatError("PPM: the PFM scale is not a number: '" + text + "'");
+    }
+    if (scale == 0.0 || !std::isfinite(scale)) {
+      throw FormatError("PPM: the PFM scale must be finite and non-zero");
+    }
+    header.little_endian = scale < 0;
+  } else if (header.kind != '1' && header.kind != '4') {
     const int64_t maxval = reader.number("maxval");
     if (maxval <= 0 || maxval >= 65536) {
       throw FormatError("PPM: maxval must be greater than 0 and less than 65536, not " +
@@ -239,6 +257,29 @@ void decode_values(std::span<const std::byte> bytes, const PnmHeader& header, si
   }
 }
 
+// PFM: 32-bit floats, rows bottom first (Pillow's raw decoder with
+// orientation -1), converted as Pillow's F -> L.
+void decode_pfm(std::span<const std::byte> bytes, const PnmHeader& header, size_t pixels,
+                int channels, std::span<uint8_t> dst) {
+  const std::span<const std::byte> data = bytes.subspan(header.data_offset);
+  const auto needed = checked_mul(pixels, size_t{4});
+  if (!needed || data.size() < *needed) short_data();
+  const auto width = static_cast<size_t>(header.width);
+  const auto height = static_cast<size_t>(header.height);
+  const bool swap = header.little_endian != (std::endian::native == std::endian::little);
+  for (size_t y = 0; y < height; ++y) {
+    const std::byte* row = data.data() + (height - 1 - y) * width * 4;
+    for (size_t x = 0; x < width; ++x) {
+      uint32_t bits;
+      std::memcpy(&bits, row + x * 4, 4);
+      if (swap) bits = __builtin_bswap32(bits);
+      const uint8_t gray = pillow_float_to_gray(std::bit_cast<float>(bits));
+      put_pixel(dst.data() + (y * width + x) * static_cast<size_t>(channels), channels, gray, gray,
+                gray);
+    }
+  }
+}
+
 }  // namespace
 
 StoredSize pnm_size(std::span<const std::byte> bytes) {
@@ -254,30 +295,23 @@ void pnm_decode(std::span<const std::byte> bytes, const DecodeOptions& options, 
   if (dst.size() != pixels * static_cast<size_t>(channels)) {
     throw InvalidArgument("PPM: destination has the wrong size");
   }
+  if (header.kind == 'f') {
+    decode_pfm(bytes, header, pixels, channels, dst);
+    return;
+  }
   std::vector<uint32_t> values;
   decode_values(bytes, header, pixels, values);
   const bool color = header.kind == '3' || header.kind == '6';
-  if (!color) {
-    // "1" and "L" as they are; "I" clipped at 255 by Pillow's conversions.
-    for (size_t i = 0; i < pixels; ++i) {
-      const auto value = static_cast<uint8_t>(std::min<uint32_t>(values[i], 255));
-      uint8_t* pixel = dst.data() + i * static_cast<size_t>(channels);
-      for (int c = 0; c < std::min(channels, 3); ++c) pixel[c] = value;
-      if (channels == 4) pixel[3] = 255;
-    }
-    return;
-  }
-  if (channels == 1) {
-    std::vector<uint8_t> rgb(pixels * 3);
-    for (size_t i = 0; i < rgb.size(); ++i) rgb[i] = static_cast<uint8_t>(values[i]);
-    rgb_to_gray_in_place(rgb.data(), pixels);
-    std::memcpy(dst.data(), rgb.data(), pixels);
-    return;
-  }
   for (size_t i = 0; i < pixels; ++i) {
     uint8_t* pixel = dst.data() + i * static_cast<size_t>(channels);
-    for (int c = 0; c < 3; ++c) pixel[c] = static_cast<uint8_t>(values[i * 3 + c]);
-    if (channels == 4) pixel[3] = 255;
+    if (color) {
+      put_pixel(pixel, channels, static_cast<uint8_t>(values[3 * i]),
+                static_cast<uint8_t>(values[3 * i + 1]), static_cast<uint8_t>(values[3 * i + 2]));
+    } else {
+      // "1" and "L" as they are; "I" clipped at 255 by Pillow's conversions.
+      const auto value = static_cast<uint8_t>(std::min<uint32_t>(values[i], 255));
+      put_pixel(pixel, channels, value, value, value);
+    }
   }
 }
 

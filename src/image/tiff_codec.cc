@@ -3,16 +3,18 @@
 // Pillow opens it.
 //
 // Pillow decodes a TIFF's samples with libtiff too, then unpacks them by its
-// own rules into a mode and converts that mode, which libtiff's RGBA
-// interface (TIFFReadRGBAImage) does not match everywhere: it scales 16-bit
-// samples with rounding where Pillow keeps the high byte (RGB) or clips at 255
-// (16-bit gray, mode "I;16"), and premultiplies unassociated alpha. So the
-// layouts Pillow unpacks itself — 1/2/4/8/16-bit gray (min-is-black or
-// min-is-white, with or without alpha), 8/16-bit RGB(A), palette — are read
-// as samples (scanlines or tiles) and converted by Pillow's rules here; the
-// rest (YCbCr, CMYK, LogLuv, planar separate...) goes through the RGBA
-// interface. Sample formats other than unsigned integers (float, signed) are
-// refused with the reason.
+// own rules (TiffImagePlugin's OPEN_INFO) into a mode and converts that mode,
+// which libtiff's RGBA interface (TIFFReadRGBAImage) does not match: it
+// scales 16-bit samples with rounding where Pillow keeps the high byte (RGB,
+// CMYK) or clips at 255 (gray, "I;16"), premultiplies alpha, rounds CMYK
+// differently, converts CIELab by its own formula, and refuses 12-bit, signed
+// and float samples. So every layout in Pillow's table — gray of 1..32 bits
+// (unsigned, signed, float), gray+alpha, 8/16-bit RGB with or without
+// (associated) alpha, CMYK, CIELab, palette, contiguous or in separate planes
+// — is read as samples (scanlines or tiles) and converted by Pillow's rules
+// here (CIELab with LittleCMS, as Pillow's ImageCms); the rest (YCbCr,
+// LogLuv...) goes through the RGBA interface.
+#include <lcms2.h>
 #include <tiffio.h>
 
 #include <algorithm>
@@ -20,10 +22,12 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "image/codecs.h"
+#include "image/pillow_pixels.h"
 #include "leanloader/core/checked_size.h"
 #include "leanloader/core/error.h"
 
@@ -117,58 +121,116 @@ T field(TIFF* tif, ttag_t tag, T fallback) {
   return value;
 }
 
-// How Pillow would hold the image, for the layouts read as samples.
-enum class Layout { kRgbaInterface, kGray, kGrayAlpha, kRgb, kRgba, kPalette };
+// The mode Pillow would hold the image in (TiffImagePlugin's OPEN_INFO), for
+// the layouts read as samples.
+enum class Mode {
+  kRgbaInterface,      // the rest: libtiff's RGBA interface
+  kGray,               // "L": 1/2/4/8-bit (8-bit signed read as unsigned, as Pillow)
+  kGrayAlpha,          // "LA"
+  kInteger,            // "I;16" / "I": 12/16-bit unsigned, 16/32-bit signed, clipped to 0..255
+  kFloat,              // "F": 32-bit float, truncated and clipped to 0..255
+  kRgb,                // "RGB" / "RGBX": 8/16-bit (a 16-bit sample's high byte)
+  kRgba,               // "RGBA": unassociated alpha
+  kRgbaPremultiplied,  // "RGBa": associated alpha, divided out as Pillow's unpacker
+  kCmyk,               // "CMYK": 8/16-bit, Pillow's cmyk2rgb
+  kLab,                // "LAB": CIELab through LittleCMS, as Pillow's ImageCms
+  kPalette,            // "P"
+};
 
 struct Description {
-  Layout layout = Layout::kRgbaInterface;
+  Mode mode = Mode::kRgbaInterface;
   uint16_t bits = 8;
-  uint16_t samples = 1;
+  uint16_t format = SAMPLEFORMAT_UINT;
+  uint16_t samples = 1;   // stored per pixel
+  bool separate = false;  // planar separate: one plane per sample
+  uint16_t planes = 1;    // the planes read and interleaved (separate only)
   bool min_is_white = false;
-  bool alpha = false;  // the fourth RGB sample is alpha (not "unspecified": Pillow's RGBX)
 };
 
 Description describe(TIFF* tif) {
   Description d;
   d.bits = field<uint16_t>(tif, TIFFTAG_BITSPERSAMPLE, 1);
   d.samples = field<uint16_t>(tif, TIFFTAG_SAMPLESPERPIXEL, 1);
+  d.format = field<uint16_t>(tif, TIFFTAG_SAMPLEFORMAT, SAMPLEFORMAT_UINT);
   const auto photometric = field<uint16_t>(tif, TIFFTAG_PHOTOMETRIC, PHOTOMETRIC_MINISBLACK);
-  const auto format = field<uint16_t>(tif, TIFFTAG_SAMPLEFORMAT, SAMPLEFORMAT_UINT);
-  const auto planar = field<uint16_t>(tif, TIFFTAG_PLANARCONFIG, PLANARCONFIG_CONTIG);
+  const bool separate =
+      field<uint16_t>(tif, TIFFTAG_PLANARCONFIG, PLANARCONFIG_CONTIG) == PLANARCONFIG_SEPARATE;
   uint16_t extra_count = 0;
-  uint16_t* extra = nullptr;
-  TIFFGetFieldDefaulted(tif, TIFFTAG_EXTRASAMPLES, &extra_count, &extra);
-  const bool associated = extra_count > 0 && extra != nullptr && extra[0] == EXTRASAMPLE_ASSOCALPHA;
-  if (format != SAMPLEFORMAT_UINT) {
-    // Pillow reads these as modes "I;16S", "I", "F" and converts them by
-    // clipping; not done here yet: refused, with the reason.
-    throw FormatError(std::string("TIFF: samples of ") +
-                      (format == SAMPLEFORMAT_IEEEFP ? "floating-point" : "signed or other") +
-                      " format are not supported (unsigned integer samples are); convert the "
-                      "image, or decode it with Pillow");
+  uint16_t* extra_types = nullptr;
+  TIFFGetFieldDefaulted(tif, TIFFTAG_EXTRASAMPLES, &extra_count, &extra_types);
+  std::vector<uint16_t> extra(extra_types, extra_types + (extra_types ? extra_count : 0));
+  uint16_t used = d.samples;
+  // Unspecified extra samples stored as planes of their own are ignored.
+  if (separate && !extra.empty() &&
+      std::all_of(extra.begin(), extra.end(), [](uint16_t e) { return e == 0; })) {
+    used = static_cast<uint16_t>(std::max(0, used - static_cast<int>(extra.size())));
+    extra.clear();
   }
-  if (planar != PLANARCONFIG_CONTIG && d.samples > 1) return d;
+  if (used == 0) return d;
   const bool gray = photometric == PHOTOMETRIC_MINISBLACK || photometric == PHOTOMETRIC_MINISWHITE;
   d.min_is_white = photometric == PHOTOMETRIC_MINISWHITE;
-  if (gray && d.samples == 1 &&
-      (d.bits == 1 || d.bits == 2 || d.bits == 4 || d.bits == 8 ||
-       (d.bits == 16 && !d.min_is_white))) {
-    d.layout = Layout::kGray;
-  } else if (gray && d.samples == 2 && d.bits == 8 && !d.min_is_white && !associated) {
-    d.layout = Layout::kGrayAlpha;
-  } else if (photometric == PHOTOMETRIC_RGB && (d.bits == 8 || d.bits == 16) && !associated &&
-             (d.samples == 3 || d.samples == 4)) {
-    d.layout = d.samples == 3 ? Layout::kRgb : Layout::kRgba;
-    d.alpha = extra_count > 0 && extra != nullptr && extra[0] != EXTRASAMPLE_UNSPECIFIED;
-  } else if (photometric == PHOTOMETRIC_PALETTE && d.samples == 1 && d.bits <= 8) {
-    d.layout = Layout::kPalette;
+  const bool uint = d.format == SAMPLEFORMAT_UINT;
+  const bool sint = d.format == SAMPLEFORMAT_INT;
+  const uint16_t first_extra = extra.empty() ? 0xffff : extra[0];
+  // Extra samples after the first must be unspecified (Pillow's RGBAXX, CMYKXX).
+  const bool rest_unspecified =
+      extra.size() <= 1 || std::all_of(extra.begin() + 1, extra.end(),
+                                       [](uint16_t e) { return e == EXTRASAMPLE_UNSPECIFIED; });
+  Mode mode = Mode::kRgbaInterface;
+  if (gray && used == 1 && extra.empty()) {
+    if (uint && (d.bits == 1 || d.bits == 2 || d.bits == 4 || d.bits == 8)) {
+      mode = Mode::kGray;
+    } else if (sint && d.bits == 8 && !d.min_is_white) {
+      mode = Mode::kGray;
+    } else if ((uint && d.bits == 16) ||
+               (!d.min_is_white && ((uint && d.bits == 12) || (sint && d.bits == 16) ||
+                                    (d.bits == 32 && (uint || sint))))) {
+      mode = Mode::kInteger;
+    } else if (d.format == SAMPLEFORMAT_IEEEFP && d.bits == 32) {
+      mode = Mode::kFloat;
+    }
+  } else if (photometric == PHOTOMETRIC_MINISBLACK && uint && d.bits == 8 && used == 2 &&
+             extra.size() == 1) {
+    if (first_extra == EXTRASAMPLE_UNSPECIFIED) mode = Mode::kGray;
+    if (first_extra == EXTRASAMPLE_UNASSALPHA) mode = Mode::kGrayAlpha;
+  } else if (photometric == PHOTOMETRIC_RGB && uint && (d.bits == 8 || d.bits == 16) &&
+             used == 3 + extra.size() && rest_unspecified && (d.bits == 8 || extra.size() <= 1)) {
+    if (extra.empty()) {
+      mode = Mode::kRgb;
+    } else if (first_extra == EXTRASAMPLE_UNSPECIFIED) {
+      mode = Mode::kRgb;
+    } else if (first_extra == EXTRASAMPLE_ASSOCALPHA) {
+      mode = Mode::kRgbaPremultiplied;
+    } else if (first_extra == EXTRASAMPLE_UNASSALPHA || first_extra == 999) {
+      mode = Mode::kRgba;  // 999: Corel Draw 10, as Pillow
+    }
+  } else if (photometric == PHOTOMETRIC_RGB && uint && (d.bits == 8 || d.bits == 16) && used == 4 &&
+             extra.empty()) {
+    mode = Mode::kRgba;  // a fourth sample without ExtraSamples: Pillow reads it as alpha
+  } else if (photometric == PHOTOMETRIC_PALETTE && uint && used == 1 && extra.empty() &&
+             d.bits <= 8) {
+    mode = Mode::kPalette;
+  } else if (photometric == PHOTOMETRIC_SEPARATED && uint &&
+             ((d.bits == 8 && used == 4 + extra.size() && extra.size() <= 2 &&
+               std::all_of(extra.begin(), extra.end(), [](uint16_t e) { return e == 0; })) ||
+              (d.bits == 16 && used == 4 && extra.empty()))) {
+    mode = Mode::kCmyk;
+  } else if (photometric == PHOTOMETRIC_CIELAB && uint && d.bits == 8 && used == 3 &&
+             extra.empty()) {
+    mode = Mode::kLab;
   }
+  // Separate planes are interleaved here byte-wise: whole-byte samples only.
+  if (separate && d.samples > 1 && d.bits % 8 != 0) mode = Mode::kRgbaInterface;
+  d.mode = mode;
+  d.separate = separate && d.samples > 1;
+  if (d.separate) d.planes = used;
   return d;
 }
 
-// Every row's samples, rows without padding, from strips or tiles.
-std::vector<uint8_t> read_samples(TIFF* tif, const MemoryFile& file, uint32_t width,
-                                  uint32_t height) {
+// Every row's samples, rows without padding, of one sample plane (`plane`
+// 0 for contiguous images), from strips or tiles.
+std::vector<uint8_t> read_plane(TIFF* tif, const MemoryFile& file, const Description& d,
+                                uint16_t plane, uint32_t width, uint32_t height) {
   const tmsize_t row_bytes = TIFFScanlineSize(tif);
   if (row_bytes <= 0) fail(file, "bad row size");
   const auto total = checked_mul(static_cast<size_t>(row_bytes), height);
@@ -176,7 +238,7 @@ std::vector<uint8_t> read_samples(TIFF* tif, const MemoryFile& file, uint32_t wi
   std::vector<uint8_t> rows(*total);
   if (!TIFFIsTiled(tif)) {
     for (uint32_t y = 0; y < height; ++y) {
-      if (TIFFReadScanline(tif, rows.data() + static_cast<size_t>(y) * row_bytes, y, 0) < 0) {
+      if (TIFFReadScanline(tif, rows.data() + static_cast<size_t>(y) * row_bytes, y, plane) < 0) {
         fail(file, "cannot read row " + std::to_string(y));
       }
     }
@@ -195,11 +257,10 @@ std::vector<uint8_t> read_samples(TIFF* tif, const MemoryFile& file, uint32_t wi
                    " for a " + std::to_string(width) + "x" + std::to_string(height) + " image)");
   }
   std::vector<uint8_t> tile(static_cast<size_t>(tile_bytes));
-  const size_t pixel_bits = static_cast<size_t>(field<uint16_t>(tif, TIFFTAG_BITSPERSAMPLE, 1)) *
-                            field<uint16_t>(tif, TIFFTAG_SAMPLESPERPIXEL, 1);
+  const size_t pixel_bits = static_cast<size_t>(d.bits) * (d.separate ? 1 : d.samples);
   for (uint32_t y = 0; y < height; y += tile_height) {
     for (uint32_t x = 0; x < width; x += tile_width) {
-      if (TIFFReadTile(tif, tile.data(), x, y, 0, 0) < 0) {
+      if (TIFFReadTile(tif, tile.data(), x, y, 0, plane) < 0) {
         fail(file, "cannot read the tile at " + std::to_string(x) + "," + std::to_string(y));
       }
       const uint32_t rows_here = std::min(tile_height, height - y);
@@ -216,100 +277,211 @@ std::vector<uint8_t> read_samples(TIFF* tif, const MemoryFile& file, uint32_t wi
   return rows;
 }
 
-// The sample at `index` of a row of `bits`-bit samples (MSB first).
+// Every row's samples, pixel-interleaved: contiguous images as stored,
+// separate planes interleaved (whole-byte samples, see describe). Returns the
+// row size in bytes through `row_bytes`.
+std::vector<uint8_t> read_samples(TIFF* tif, const MemoryFile& file, const Description& d,
+                                  uint32_t width, uint32_t height, size_t& row_bytes) {
+  if (!d.separate) {
+    std::vector<uint8_t> rows = read_plane(tif, file, d, 0, width, height);
+    row_bytes = rows.size() / height;
+    return rows;
+  }
+  const size_t sample_bytes = d.bits / 8;
+  const auto pixels = checked_mul(static_cast<size_t>(width), height);
+  const auto total = pixels ? checked_mul(*pixels, sample_bytes * d.planes) : std::nullopt;
+  if (!total) fail(file, "image size overflows");
+  row_bytes = static_cast<size_t>(width) * sample_bytes * d.planes;
+  std::vector<uint8_t> rows(*total);
+  for (uint16_t plane = 0; plane < d.planes; ++plane) {
+    const std::vector<uint8_t> samples = read_plane(tif, file, d, plane, width, height);
+    const size_t plane_row_bytes = samples.size() / height;
+    for (uint32_t y = 0; y < height; ++y) {
+      const uint8_t* from = samples.data() + y * plane_row_bytes;
+      uint8_t* to = rows.data() + y * row_bytes + plane * sample_bytes;
+      for (uint32_t x = 0; x < width; ++x) {
+        std::memcpy(to + static_cast<size_t>(x) * sample_bytes * d.planes,
+                    from + static_cast<size_t>(x) * sample_bytes, sample_bytes);
+      }
+    }
+  }
+  return rows;
+}
+
+// The unsigned sample at `index` of a row of `bits`-bit samples (MSB first,
+// as libtiff returns them; 16 and 32 bits in native order).
 uint32_t sample(const uint8_t* row, size_t index, uint16_t bits) {
   switch (bits) {
     case 8:
       return row[index];
     case 16: {
       uint16_t value;
-      std::memcpy(&value, row + 2 * index, 2);  // native order: libtiff swapped it
+      std::memcpy(&value, row + 2 * index, 2);
+      return value;
+    }
+    case 32: {
+      uint32_t value;
+      std::memcpy(&value, row + 4 * index, 4);
       return value;
     }
     default: {
       const size_t bit = index * bits;
+      if (bits > 8) {  // 12-bit: may span three bytes
+        uint32_t value = 0;
+        for (size_t b = bit; b < bit + bits; ++b)
+          value = (value << 1) | ((row[b / 8] >> (7 - b % 8)) & 1);
+        return value;
+      }
       return (row[bit / 8] >> (8 - bits - bit % 8)) & ((1u << bits) - 1);
     }
   }
 }
 
-// Writes one pixel of Pillow's RGB(A) value in the requested channels.
-void put(uint8_t* pixel, int channels, uint8_t r, uint8_t g, uint8_t b, uint8_t a) {
-  if (channels == 1) {
-    pixel[0] = r;  // gray sources only; colour goes through rgb_to_gray_in_place
-    return;
+// Pillow's mode "I" / "I;16" value of an integer sample: 16-bit signed
+// sign-extended, 32-bit (signed or not: Pillow's "I;32N" reads int32) as int32.
+int64_t integer_sample(const uint8_t* row, size_t index, const Description& d) {
+  const uint32_t raw = sample(row, index, d.bits);
+  if (d.bits == 16 && d.format == SAMPLEFORMAT_INT) return static_cast<int16_t>(raw);
+  if (d.bits == 32) return static_cast<int32_t>(raw);
+  return raw;
+}
+
+// Pillow's "RGBa" unpacker: the colour divided by the alpha, truncated.
+void unpremultiply(uint8_t& r, uint8_t& g, uint8_t& b, uint8_t a) {
+  if (a == 0) {
+    r = g = b = 0;
+  } else if (a != 255) {
+    r = clip8(r * 255 / a);
+    g = clip8(g * 255 / a);
+    b = clip8(b * 255 / a);
   }
-  pixel[0] = r;
-  pixel[1] = g;
-  pixel[2] = b;
-  if (channels == 4) pixel[3] = a;
+}
+
+struct LcmsContextDeleter {
+  void operator()(cmsContext context) const noexcept { cmsDeleteContext(context); }
+};
+struct LcmsProfileCloser {
+  void operator()(void* profile) const noexcept { cmsCloseProfile(profile); }
+};
+struct LcmsTransformDeleter {
+  void operator()(void* transform) const noexcept { cmsDeleteTransform(transform); }
+};
+
+// CIELab (8-bit, a* and b* signed as TIFF stores them) to sRGB as Pillow's
+// LAB -> RGB convert does it: ImageCms with LittleCMS, a Lab (v2, D50)
+// profile to the sRGB profile, perceptual intent, 4 bytes per pixel each side.
+void lab_to_rgb(const MemoryFile& file, const uint8_t* lab, size_t pixels,
+                std::vector<uint8_t>& rgba) {
+  std::unique_ptr<_cmsContext_struct, LcmsContextDeleter> context(
+      cmsCreateContext(nullptr, nullptr));
+  if (!context) throw OutOfMemory("TIFF: cannot create a colour transform");
+  std::unique_ptr<void, LcmsProfileCloser> lab_profile(
+      cmsCreateLab2ProfileTHR(context.get(), nullptr));
+  std::unique_ptr<void, LcmsProfileCloser> srgb(cmsCreate_sRGBProfileTHR(context.get()));
+  if (!lab_profile || !srgb) fail(file, "cannot create the CIELab and sRGB profiles");
+  const cmsUInt32Number lab_format =
+      COLORSPACE_SH(PT_LabV2) | CHANNELS_SH(3) | BYTES_SH(1) | EXTRA_SH(1);
+  std::unique_ptr<void, LcmsTransformDeleter> transform(cmsCreateTransformTHR(
+      context.get(), lab_profile.get(), lab_format, srgb.get(), TYPE_RGBA_8, INTENT_PERCEPTUAL, 0));
+  if (!transform) fail(file, "cannot create the CIELab to sRGB transform");
+  std::vector<uint8_t> input(pixels * 4);
+  for (size_t i = 0; i < pixels; ++i) {
+    input[4 * i] = lab[3 * i];
+    input[4 * i + 1] = lab[3 * i + 1] ^ 0x80;  // signed in the file, offset in Pillow's LAB
+    input[4 * i + 2] = lab[3 * i + 2] ^ 0x80;
+    input[4 * i + 3] = 255;
+  }
+  rgba.resize(pixels * 4);
+  cmsDoTransform(transform.get(), input.data(), rgba.data(), static_cast<cmsUInt32Number>(pixels));
 }
 
 void convert_samples(TIFF* tif, const MemoryFile& file, const Description& d, uint32_t width,
                      uint32_t height, int channels, std::span<uint8_t> dst) {
-  const std::vector<uint8_t> rows = read_samples(tif, file, width, height);
-  const size_t row_bytes = rows.size() / height;
-  const bool colour =
-      d.layout == Layout::kRgb || d.layout == Layout::kRgba || d.layout == Layout::kPalette;
-  // Colour to gray: RGB first, then Pillow's luma.
-  const int out_channels = colour && channels == 1 ? 3 : channels;
-  std::vector<uint8_t> rgb;
-  uint8_t* out = dst.data();
-  if (out_channels != channels) {
-    rgb.resize(static_cast<size_t>(width) * height * 3);
-    out = rgb.data();
-  }
+  size_t row_bytes = 0;
+  const std::vector<uint8_t> rows = read_samples(tif, file, d, width, height, row_bytes);
+  const size_t stride = d.separate ? d.planes : d.samples;  // samples per pixel as read
   uint16_t *red = nullptr, *green = nullptr, *blue = nullptr;
-  if (d.layout == Layout::kPalette && !TIFFGetField(tif, TIFFTAG_COLORMAP, &red, &green, &blue)) {
+  if (d.mode == Mode::kPalette && !TIFFGetField(tif, TIFFTAG_COLORMAP, &red, &green, &blue)) {
     fail(file, "a palette image without a colour map");
   }
+  std::vector<uint8_t> lab_rgba;
+  if (d.mode == Mode::kLab) {
+    std::vector<uint8_t> lab(static_cast<size_t>(width) * height * 3);
+    for (uint32_t y = 0; y < height; ++y) {
+      for (uint32_t x = 0; x < width; ++x) {
+        std::memcpy(&lab[(static_cast<size_t>(y) * width + x) * 3],
+                    rows.data() + y * row_bytes + static_cast<size_t>(x) * stride, 3);
+      }
+    }
+    lab_to_rgb(file, lab.data(), static_cast<size_t>(width) * height, lab_rgba);
+  }
   const uint32_t max = (1u << std::min<uint16_t>(d.bits, 16)) - 1;
+  const int shift = d.bits == 16 ? 8 : 0;  // Pillow keeps a 16-bit colour sample's high byte
   for (uint32_t y = 0; y < height; ++y) {
     const uint8_t* row = rows.data() + static_cast<size_t>(y) * row_bytes;
     for (uint32_t x = 0; x < width; ++x) {
-      uint8_t* pixel = out + (static_cast<size_t>(y) * width + x) * out_channels;
-      switch (d.layout) {
-        case Layout::kGray:
-        case Layout::kGrayAlpha: {
-          const size_t stride = d.layout == Layout::kGray ? 1 : 2;
-          uint32_t value = sample(row, x * stride, d.bits);
-          uint8_t gray;
-          if (d.bits == 16) {
-            gray = static_cast<uint8_t>(std::min<uint32_t>(value, 255));  // "I;16": clipped
-          } else {
-            if (d.min_is_white) value = max - value;
-            gray = static_cast<uint8_t>(value * 255 / max);  // 1, 2, 4 bits: exact multiples
-          }
-          const uint8_t alpha = d.layout == Layout::kGrayAlpha
-                                    ? static_cast<uint8_t>(sample(row, x * 2 + 1, 8))
-                                    : 255;
-          put(pixel, out_channels, gray, gray, gray, alpha);
+      uint8_t* pixel = dst.data() + (static_cast<size_t>(y) * width + x) * channels;
+      const size_t base = static_cast<size_t>(x) * stride;
+      const auto at = [&](size_t i) {
+        return static_cast<uint8_t>(sample(row, base + i, d.bits) >> shift);
+      };
+      switch (d.mode) {
+        case Mode::kGray:
+        case Mode::kGrayAlpha: {
+          uint32_t value = sample(row, base, d.bits);
+          if (d.min_is_white) value = max - value;
+          const auto gray = static_cast<uint8_t>(value * 255 / max);  // 1/2/4 bits: exact
+          put_pixel(pixel, channels, gray, gray, gray,
+                    d.mode == Mode::kGrayAlpha ? at(1) : uint8_t{255});
           break;
         }
-        case Layout::kRgb:
-        case Layout::kRgba: {
-          const size_t base = static_cast<size_t>(x) * d.samples;
-          const int shift = d.bits == 16 ? 8 : 0;  // Pillow keeps a 16-bit sample's high byte
-          const auto at = [&](size_t i) {
-            return static_cast<uint8_t>(sample(row, base + i, d.bits) >> shift);
-          };
-          put(pixel, out_channels, at(0), at(1), at(2), d.alpha ? at(3) : 255);
+        case Mode::kInteger: {
+          const auto gray =
+              static_cast<uint8_t>(std::clamp<int64_t>(integer_sample(row, base, d), 0, 255));
+          put_pixel(pixel, channels, gray, gray, gray);
           break;
         }
-        case Layout::kPalette: {
-          const uint32_t index = sample(row, x, d.bits);
-          put(pixel, out_channels, static_cast<uint8_t>(red[index] >> 8),
-              static_cast<uint8_t>(green[index] >> 8), static_cast<uint8_t>(blue[index] >> 8), 255);
+        case Mode::kFloat: {
+          float value;
+          std::memcpy(&value, row + 4 * base, 4);
+          const uint8_t gray = pillow_float_to_gray(value);
+          put_pixel(pixel, channels, gray, gray, gray);
           break;
         }
-        case Layout::kRgbaInterface:
+        case Mode::kRgb:
+          put_pixel(pixel, channels, at(0), at(1), at(2));
+          break;
+        case Mode::kRgba:
+          put_pixel(pixel, channels, at(0), at(1), at(2), at(3));
+          break;
+        case Mode::kRgbaPremultiplied: {
+          uint8_t r = at(0), g = at(1), b = at(2);
+          const uint8_t a = at(3);
+          unpremultiply(r, g, b, a);
+          put_pixel(pixel, channels, r, g, b, a);
+          break;
+        }
+        case Mode::kCmyk: {
+          const Rgb rgb = pillow_cmyk_to_rgb(at(0), at(1), at(2), at(3));
+          put_pixel(pixel, channels, rgb.r, rgb.g, rgb.b);
+          break;
+        }
+        case Mode::kLab: {
+          const uint8_t* rgba = lab_rgba.data() + (static_cast<size_t>(y) * width + x) * 4;
+          put_pixel(pixel, channels, rgba[0], rgba[1], rgba[2]);
+          break;
+        }
+        case Mode::kPalette: {
+          const uint32_t index = sample(row, base, d.bits);
+          put_pixel(pixel, channels, static_cast<uint8_t>(red[index] >> 8),
+                    static_cast<uint8_t>(green[index] >> 8),
+                    static_cast<uint8_t>(blue[index] >> 8));
+          break;
+        }
+        case Mode::kRgbaInterface:
           break;
       }
     }
-  }
-  if (out_channels != channels) {
-    rgb_to_gray_in_place(rgb.data(), static_cast<size_t>(width) * height);
-    std::memcpy(dst.data(), rgb.data(), static_cast<size_t>(width) * height);
   }
 }
 
@@ -327,21 +499,11 @@ void convert_rgba_interface(TIFF* tif, const MemoryFile& file, uint32_t width, u
   if (!TIFFReadRGBAImageOriented(tif, width, height, raster.data(), orientation, 0)) {
     fail(file, "cannot decode the image");
   }
-  std::vector<uint8_t> rgb(channels == 1 ? *pixels * 3 : 0);
   for (size_t i = 0; i < *pixels; ++i) {
     const uint32_t value = raster[i];
-    const auto r = static_cast<uint8_t>(TIFFGetR(value));
-    const auto g = static_cast<uint8_t>(TIFFGetG(value));
-    const auto b = static_cast<uint8_t>(TIFFGetB(value));
-    if (channels == 1) {
-      rgb[3 * i] = r, rgb[3 * i + 1] = g, rgb[3 * i + 2] = b;
-    } else {
-      put(dst.data() + i * channels, channels, r, g, b, static_cast<uint8_t>(TIFFGetA(value)));
-    }
-  }
-  if (channels == 1) {
-    rgb_to_gray_in_place(rgb.data(), *pixels);
-    std::memcpy(dst.data(), rgb.data(), *pixels);
+    put_pixel(dst.data() + i * channels, channels, static_cast<uint8_t>(TIFFGetR(value)),
+              static_cast<uint8_t>(TIFFGetG(value)), static_cast<uint8_t>(TIFFGetB(value)),
+              static_cast<uint8_t>(TIFFGetA(value)));
   }
 }
 
@@ -367,7 +529,13 @@ void tiff_decode(std::span<const std::byte> bytes, const DecodeOptions& options,
     throw InvalidArgument("TIFF: destination has the wrong size");
   }
   const Description description = describe(tif.get());
-  if (description.layout == Layout::kRgbaInterface) {
+  if (description.mode == Mode::kRgbaInterface) {
+    if (description.format != SAMPLEFORMAT_UINT) {
+      // Pillow has no mode for these either ("unknown pixel mode").
+      fail(file, std::string("samples of ") +
+                     (description.format == SAMPLEFORMAT_IEEEFP ? "floating-point" : "signed") +
+                     " format in this layout are not supported (as in Pillow)");
+    }
     convert_rgba_interface(tif.get(), file, width, height, channels, dst);
   } else {
     convert_samples(tif.get(), file, description, width, height, channels, dst);

@@ -69,6 +69,11 @@ def _raw(magic: str, width: int, height: int, values, maxval: int | None) -> byt
     return header.encode() + np.asarray(values).astype(dtype).tobytes()
 
 
+def _floats(dtype: str) -> bytes:
+    values = [-3.5, 0.0, 0.49, 1.5, 2.99, 127.5, 254.99, 255.0, 1e9, np.nan]
+    return np.asarray(values, dtype=dtype).tobytes()
+
+
 def pnm_corpus(directory) -> dict[str, bytes]:
     h, w = 7, 13
     bits = rng_image(h, w, 1) % 2
@@ -97,12 +102,21 @@ def pnm_corpus(directory) -> dict[str, bytes]:
         "above_maxval_plain.pgm": _plain("P2", 2, 1, [3, 9], 5),
         "maxval_zero.pgm": b"P5\n2 1\n0\n\x00\x00",
         "bad_bit.pbm": b"P1\n2 1\n0 2\n",
+        # PFM (Pillow's mode "F"): bottom row first, the scale's sign is the byte order;
+        # F -> L truncates and clips (negative, NaN: 0; above 255: 255)
+        "float_little_endian.pfm": b"Pf\n5 2\n-1.0\n" + _floats("<f4"),
+        "float_big_endian.pfm": b"Pf\n5 2\n2.5\n" + _floats(">f4"),
+        "float_zero_scale.pfm": b"Pf\n5 2\n0\n" + _floats("<f4"),
+        "float_truncated.pfm": (b"Pf\n5 2\n-1.0\n" + _floats("<f4"))[:-3],
     }
     for mode, name in (("1", "pillow_bits.pbm"), ("L", "pillow_gray.pgm"),
-                       ("RGB", "pillow_color.ppm"), ("I;16", "pillow_16bit.pgm")):  # fmt: skip
+                       ("RGB", "pillow_color.ppm"), ("I;16", "pillow_16bit.pgm"),
+                       ("F", "pillow_float.pfm")):  # fmt: skip
         image = Image.fromarray(rng_image(h, w, 3)).convert(mode if mode != "I;16" else "L")
         if mode == "I;16":
             image = Image.fromarray((rng_image(h, w, 1, np.uint16) % 700).astype(np.uint16))
+        if mode == "F":
+            image = Image.fromarray(rng_image(h, w, 1, np.uint16).astype(np.float32) / 200 - 20)
         path = directory / name
         image.save(path)
         files[name] = path.read_bytes()
@@ -117,7 +131,8 @@ def test_pnm_files_decode_as_pillow_decodes_them(tmp_path, mode):
     refused = {name for name, outcome in outcomes.items() if outcome.startswith("refused")}
     # the damaged files are refused (by Pillow, so by us); the others decode
     expected = {"truncated.ppm", "truncated_plain.pgm", "above_maxval_plain.pgm",
-                "maxval_zero.pgm", "bad_bit.pbm"}  # fmt: skip
+                "maxval_zero.pgm", "bad_bit.pbm", "float_zero_scale.pfm",
+                "float_truncated.pfm"}  # fmt: skip
     assert refused == expected, outcomes
 
 
@@ -126,10 +141,9 @@ def test_pnm_errors_name_the_file_and_the_cause(tmp_path):
     path.write_bytes(_raw("P6", 4, 4, rng_image(4, 4, 3), 255)[:-5])
     with pytest.raises(ValueError, match=r"short\.ppm.*truncated"):
         ll.decode_image(path)
-    # Pillow's float PFM ("Pf") is not decoded here: refused with the reason
-    path = tmp_path / "float.ppm"
-    path.write_bytes(b"Pf\n1 1\n-1.0\n\x00\x00\x80\x3f")
-    with pytest.raises(ValueError, match=r"float\.ppm.*not supported"):
+    path = tmp_path / "float.pfm"
+    path.write_bytes(b"Pf\n1 1\nnan\n\x00\x00\x80\x3f")
+    with pytest.raises(ValueError, match=r"float\.pfm.*scale must be finite"):
         ll.decode_image(path)
 
 
@@ -168,6 +182,35 @@ def tiff_corpus(directory) -> list[str]:
     write("bits1.tif", rng_image(h, w, 1) % 2 == 1)
     write("palette8.tif", rng_image(h, w, 1), photometric="palette",
           colormap=rng_image(3, 256, 1, np.uint16))  # fmt: skip
+    # Pillow's modes beyond 8-bit unsigned, each converted by Pillow's rules: "I;16" and
+    # "I" clip, "F" truncates and clips, "RGBa" divides the alpha out, "CMYK" by
+    # cmyk2rgb, "LAB" through LittleCMS
+    write("gray16_miniswhite.tif", rng_image(h, w, 1, np.uint16) % 400, photometric="miniswhite")
+    write("gray8_signed.tif", rng_image(h, w, 1).astype(np.int8))
+    write("gray16_signed.tif", (rng_image(h, w, 1, np.uint16) % 600).astype(np.int16) - 200)
+    write("gray32_signed.tif", (rng_image(h, w, 1, np.uint16) % 600).astype(np.int32) - 200)
+    write("gray32_unsigned.tif", (rng_image(h, w, 1, np.uint16) % 600).astype(np.uint32))
+    floats = rng_image(h, w, 1, np.uint16).astype(np.float32) / 150 - 50
+    floats[0, :4] = [np.nan, np.inf, -np.inf, 254.999]
+    write("gray32_float.tif", floats)
+    write("gray32_float_tiled.tif", floats, tile=(16, 16), compression="zlib")
+    write("rgb_associated_alpha8.tif", rng_image(h, w, 4), extrasamples=["assocalpha"])
+    write("rgb_associated_alpha16.tif", rng_image(h, w, 4, np.uint16), extrasamples=["assocalpha"])
+    write("rgb_alpha_and_unspecified8.tif", rng_image(h, w, 5),
+          photometric="rgb", extrasamples=["unassalpha", "unspecified"])  # fmt: skip
+    # (compressed: Pillow's own reader of uncompressed 16-bit planes takes every
+    # byte for a sample; libtiff, which it uses for compressed files, does not)
+    write("rgb16_planar.tif", np.moveaxis(rng_image(h, w, 3, np.uint16), -1, 0),
+          planarconfig="separate", photometric="rgb", compression="zlib")  # fmt: skip
+    write("rgba16_planar_tiled.tif", np.moveaxis(rng_image(h, w, 4, np.uint16), -1, 0),
+          planarconfig="separate", photometric="rgb", extrasamples=["unassalpha"],
+          tile=(16, 16), compression="zlib")  # fmt: skip
+    write("gray_extra_plane.tif", np.moveaxis(rng_image(h, w, 2), -1, 0),
+          planarconfig="separate", photometric="minisblack", extrasamples=["unspecified"],
+          compression="zlib")  # fmt: skip
+    write("cmyk8.tif", rng_image(h, w, 4), photometric="separated")
+    write("cmyk16.tif", rng_image(h, w, 4, np.uint16), photometric="separated")
+    write("cielab8.tif", rng_image(h, w, 3), photometric="cielab")
     # orientation (tag 274) applied as Pillow's exif_transpose applies it
     write("rgb8_rotated.tif", rng_image(h, w, 3), extratags=[(274, "H", 1, 6, True)])
 
@@ -192,10 +235,15 @@ def tiff_corpus(directory) -> list[str]:
 def test_tiff_files_decode_as_pillow_decodes_them(tmp_path, mode):
     outcomes = {}
     for name in tiff_corpus(tmp_path):
-        tolerance = 1 if name in ("pillow_jpeg.tif",) or "CMYK" in name else 0
+        tolerance = 1 if name == "pillow_jpeg.tif" else 0
+        if name == "cielab8.tif" and mode == "L":
+            # Pillow has no LAB -> L conversion; ours is the luma of its LAB -> RGB
+            rgb = Image.fromarray(pillow(tmp_path / name, "RGB"))
+            assert np.array_equal(ours(tmp_path / name, "L"), np.asarray(rgb.convert("L")))
+            continue
         outcomes[name] = same_or_both_refuse(tmp_path / name, mode, tolerance)
     refused = sorted(name for name, outcome in outcomes.items() if outcome.startswith("refused"))
-    assert "rgb8.tif" not in refused and "header_only.tif" in refused, outcomes
+    assert refused == ["header_only.tif", "truncated.tif"], outcomes
 
 
 def test_tiff_errors_name_the_file(tmp_path):
@@ -204,10 +252,12 @@ def test_tiff_errors_name_the_file(tmp_path):
     path.write_bytes(path.read_bytes()[:100])
     with pytest.raises(ValueError, match=r"cut\.tif.*TIFF"):
         ll.decode_image(path)
-    # float and signed samples (Pillow's modes F, I;16S) are refused with the reason
-    for name, data in (("float.tif", rng_image(8, 8, 1).astype(np.float32)),
-                       ("signed.tif", rng_image(8, 8, 1).astype(np.int16))):  # fmt: skip
+    # layouts Pillow has no mode for are refused, as Pillow refuses them, with the reason
+    for name, data in (("float64.tif", rng_image(8, 8, 1).astype(np.float64)),
+                       ("signed_rgb.tif", rng_image(8, 8, 3).astype(np.int16))):  # fmt: skip
         tifffile.imwrite(tmp_path / name, data)
+        with pytest.raises(OSError):
+            pillow(tmp_path / name)
         with pytest.raises(ValueError, match=name.replace(".", r"\.") + ".*not supported"):
             ll.decode_image(tmp_path / name)
 
@@ -319,6 +369,8 @@ def bmp_corpus(directory) -> list[str]:
             palette=rng.integers(0, 256, 768, dtype=np.uint8).tobytes(),
         ),
         "rle8.bmp": bmp_file(w, h, 8, _rle8(idx256), compression=1, palette=palette256),
+        # the last row stored without its padding: Pillow reads it
+        "last_row_unpadded.bmp": bmp_file(w, h, 8, _rows(idx256, 8), palette=palette256)[:-1],
         # refused by Pillow, so by us
         "rle8_ends_early.bmp": bmp_file(
             w, h, 8, _rle8(idx256)[:12] + b"\0\1", compression=1, palette=palette256
@@ -329,6 +381,9 @@ def bmp_corpus(directory) -> list[str]:
             w, h, 16, _rows(le16, 8), compression=3, masks=(0xF00, 0xF0, 0xF)
         ),
         "jpeg_payload.bmp": bmp_file(w, h, 24, b"\xff\xd8" + b"\0" * 50, compression=4),
+        "palette_of_300.bmp": bmp_file(
+            w, h, 8, _rows(idx256, 8), palette=palette256 + palette16 * 3, colors=300
+        ),
     }
     base = Image.fromarray(bgr)
     for mode in ("1", "L", "P", "RGB", "RGBA"):
@@ -345,5 +400,57 @@ def test_bmp_files_decode_as_pillow_decodes_them(tmp_path, mode):
     outcomes = {name: same_or_both_refuse(tmp_path / name, mode) for name in bmp_corpus(tmp_path)}
     refused = {name for name, outcome in outcomes.items() if outcome.startswith("refused")}
     expected = {"rle8_ends_early.bmp", "truncated.bmp", "bits2.bmp", "odd_bitfields.bmp",
-                "jpeg_payload.bmp"}  # fmt: skip
+                "jpeg_payload.bmp", "palette_of_300.bmp"}  # fmt: skip
     assert refused == expected, outcomes
+
+
+# -- PNG chunk structure ---------------------------------------------------------------------
+
+import zlib  # noqa: E402
+
+
+def _chunk(name: bytes, data: bytes, crc: int | None = None) -> bytes:
+    crc = zlib.crc32(name + data) if crc is None else crc
+    return struct.pack(">I", len(data)) + name + data + struct.pack(">I", crc)
+
+
+def png_structure_corpus(directory) -> list[str]:
+    path = directory / "base.png"
+    Image.fromarray(rng_image(9, 11, 3)).save(path)
+    data = path.read_bytes()
+    ihdr_end = 8 + 25
+    idat = data.index(b"IDAT") - 4
+    iend = data.index(b"IEND") - 4
+    before, image, end = data[:ihdr_end], data[ihdr_end:iend], data[iend:]
+    text = _chunk(b"tEXt", b"Comment\0written by hand")
+    icc = zlib.compress(b"\0" * 300)
+    files = {
+        "text_before_image.png": before + text + image + end,
+        "text_after_image.png": data[:iend] + text + end,
+        "garbage_after_end.png": data + b"trailing bytes",
+        "no_end_chunk.png": data[:iend],
+        "end_chunk_cut.png": data[:-3],
+        # refused by Pillow, so by us: a bad checksum before the image data, an ICC
+        # profile of an unknown compression method, a chunk after the image cut short
+        "bad_crc_before_image.png": before + _chunk(b"tEXt", b"Comment\0x", crc=1) + image + end,
+        "icc_method_1.png": before + _chunk(b"iCCP", b"profile\0\1" + icc) + image + end,
+        "chunk_after_image_cut.png": data[:iend] + text[:-10],
+        "idat_header_after_image.png": data[:iend] + struct.pack(">I", 4000) + b"IDAT",
+    }
+    assert data[idat + 4 : idat + 8] == b"IDAT"
+    for name, payload in files.items():
+        (directory / name).write_bytes(payload)
+    return list(files)
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L", "RGBA"])
+def test_png_chunk_structure_is_checked_as_pillow_checks_it(tmp_path, mode):
+    outcomes = {
+        name: same_or_both_refuse(tmp_path / name, mode) for name in png_structure_corpus(tmp_path)
+    }
+    refused = {name for name, outcome in outcomes.items() if outcome.startswith("refused")}
+    expected = {"bad_crc_before_image.png", "icc_method_1.png", "chunk_after_image_cut.png",
+                "idat_header_after_image.png"}  # fmt: skip
+    assert refused == expected, outcomes
+    with pytest.raises(ValueError, match=r"bad_crc_before_image\.png.*checksum in the tEXt"):
+        ll.decode_image(tmp_path / "bad_crc_before_image.png")

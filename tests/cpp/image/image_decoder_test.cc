@@ -82,11 +82,17 @@ TEST(ImageDecoderTest, PnmFollowsPillowsRules) {
   // plain bits need no spaces; RGB output replicates gray
   EXPECT_EQ(decode(text_bytes("P1\n2 1\n01")).pixels,
             (std::vector<uint8_t>{255, 255, 255, 0, 0, 0}));
-  // refusals: a value above maxval, a short file, a bad maxval, float PFM
+  // PFM (Pillow's mode F): little-endian for a negative scale, bottom row
+  // first, truncated and clipped: 1.5 -> 1, 300 -> 255, -2 -> 0
+  std::vector<uint8_t> pfm = text_bytes("Pf\n1 3\n-1.0\n");
+  pfm.insert(pfm.end(), {0x00, 0x00, 0xc0, 0x3f, 0x00, 0x00, 0x96, 0x43, 0x00, 0x00, 0x00, 0xc0});
+  EXPECT_EQ(decode(pfm, gray).pixels, (std::vector<uint8_t>{0, 255, 1}));
+  // refusals: a value above maxval, a short file, a bad maxval, a PFM scale of 0
   EXPECT_THROW(decode(text_bytes("P2 2 1 5 3 9")), FormatError);
   EXPECT_THROW(decode(text_bytes("P6\n2 2\n255\nabc")), FormatError);
   EXPECT_THROW(decode(text_bytes("P5\n1 1\n0\n\x00")), FormatError);
-  EXPECT_THROW(decode(text_bytes("Pf\n1 1\n-1.0\n\x00\x00\x80\x3f")), FormatError);
+  pfm[8] = '0';  // "-1.0" -> "-0.0"
+  EXPECT_THROW(decode(pfm, gray), FormatError);
 }
 
 TEST(ImageDecoderTest, DamagedTiffAndBmpAreFormatErrors) {
