@@ -26,6 +26,12 @@ constexpr size_t kSkippedDetailLimit = 100;
 // the pool: the consumer drops its previous batch right after it receives
 // the next one, so a short wait avoids overflowing the planned memory.
 constexpr std::chrono::milliseconds kSlotPatience(100);
+// Work is claimed in chunks of rows of one batch. Per claim a worker takes
+// the run's mutex twice (prefetch window, batch entry), copies the slot's
+// shared_ptr, reads the clock twice and updates shared counters: ~0.3 us, as
+// much as copying a 4 KiB row. A chunk holds up to kChunkBytes of rows.
+constexpr size_t kChunkBytes = size_t{64} << 10;
+constexpr int64_t kMaxChunkRows = 64;
 
 }  // namespace
 
@@ -117,6 +123,19 @@ EpochRun::EpochRun(RunPlan plan)
       permutation_(plan_.sampler.permutation(plan_.epoch)),
       failed_batch_(std::numeric_limits<int64_t>::max()),
       ring_(static_cast<size_t>(plan_.prefetch)) {
+  // Rows claimed at a time: up to kChunkBytes of fixed-size rows, at most
+  // kMaxChunkRows, and at most a quarter of a batch so that threads still
+  // share one. Large or variable samples go one at a time, as before.
+  size_t row_bytes = 0;
+  for (const size_t bytes : plan_.row_bytes) row_bytes += bytes;
+  const int64_t batch_size = plan_.options.batch_size;
+  int64_t rows = 1;
+  if (plan_.options.collate == Collate::kStack && row_bytes > 0) {
+    rows = static_cast<int64_t>(std::max<size_t>(kChunkBytes / row_bytes, 1));
+  }
+  chunk_rows_ =
+      std::clamp<int64_t>(std::min(rows, kMaxChunkRows), 1, std::max<int64_t>(batch_size / 4, 1));
+  chunks_per_batch_ = (batch_size + chunk_rows_ - 1) / chunk_rows_;
   if (plan_.options.on_error == OnError::kSkip) {
     max_skipped_ = static_cast<uint64_t>(plan_.options.max_skip_fraction *
                                          static_cast<double>(plan_.num_positions));
@@ -148,10 +167,18 @@ void EpochRun::cancel() noexcept {
 }
 
 void EpochRun::work(int /*worker*/) noexcept {
+  const int64_t batch_size = plan_.options.batch_size;
   while (!cancelled_.load(std::memory_order_relaxed)) {
-    const int64_t position = next_position_.fetch_add(1);
-    if (position >= plan_.num_positions) return;
-    const int64_t batch = position / plan_.options.batch_size;
+    // Chunk c is rows [j * chunk_rows_, (j + 1) * chunk_rows_) of batch
+    // c / chunks_per_batch_ (j = c % chunks_per_batch_): a chunk never spans
+    // two batches.
+    const int64_t chunk = next_chunk_.fetch_add(1);
+    const int64_t batch = chunk / chunks_per_batch_;
+    if (batch >= plan_.num_batches) return;
+    const int64_t first = batch * batch_size + (chunk % chunks_per_batch_) * chunk_rows_;
+    const int64_t end =
+        std::min({first + chunk_rows_, (batch + 1) * batch_size, plan_.num_positions});
+    if (first >= end) continue;  // past the rows of a short last batch
     if (batch > failed_batch_.load())
       return;  // an earlier batch failed; nothing after it is needed
     // Whatever escapes the per-sample handling (reading available memory,
@@ -160,9 +187,9 @@ void EpochRun::work(int /*worker*/) noexcept {
     const char* stage = "wait for the prefetch window";
     try {
       if (!wait_for_window(batch)) return;
-      process_sample(position, stage);
+      process_chunk(batch, first, end, stage);
     } catch (...) {
-      fail_batch(batch, position, stage, std::current_exception());
+      fail_batch(batch, first, stage, std::current_exception());
       return;
     }
   }
@@ -260,40 +287,40 @@ void EpochRun::check_pressure() {
   if (plan_.window->check(*plan_.pool)) window_cv_.notify_all();
 }
 
-void EpochRun::process_sample(int64_t position, const char*& stage) {
-  const int64_t batch = position / plan_.options.batch_size;
+void EpochRun::process_chunk(int64_t batch, int64_t first, int64_t end, const char*& stage) {
   stage = "check memory pressure";
-  if (position % plan_.options.batch_size == 0) check_pressure();
+  if (first % plan_.options.batch_size == 0) check_pressure();
   stage = "open batch";
   std::shared_ptr<Storage> slot;
   BatchState& state = open_batch(batch, slot);
-  const int64_t row = position - state.first_position;
-  const int64_t index = index_at(position);
-  state.indices[static_cast<size_t>(row)] = index;
-
-  stage = "finalize batch";
-  if (slot == nullptr) {
-    // The batch has no slot (the allocation failed and is the batch's error).
-    if (state.remaining.fetch_sub(1) == 1) finalize(state);
-    return;
-  }
+  const int64_t count = end - first;
   stage = "read";
   const auto started = Clock::now();
-  try {
-    RowWriter writer(*this, state, slot, row);
-    plan_.source->read_sample(index, writer);
-    writer.check_complete();
-  } catch (...) {
-    record_failure(
-        state, row,
-        make_sample_error(index, plan_.source->describe(), plan_.source->sample_location(index),
-                          "read", std::current_exception()));
+  for (int64_t position = first; position < end; ++position) {
+    const int64_t row = position - state.first_position;
+    const int64_t index = index_at(position);
+    state.indices[static_cast<size_t>(row)] = index;
+    // Without a slot (its allocation failed: the batch's error) nothing is read.
+    if (slot == nullptr) continue;
+    try {
+      RowWriter writer(*this, state, slot, row);
+      plan_.source->read_sample(index, writer);
+      writer.check_complete();
+    } catch (...) {
+      record_failure(
+          state, row,
+          make_sample_error(index, plan_.source->describe(), plan_.source->sample_location(index),
+                            "read", std::current_exception()));
+    }
   }
-  plan_.counters->read_ns += elapsed_ns(started);
-  ++plan_.counters->samples_read;
-
+  // Shared counters once per chunk, not per sample: threads would otherwise
+  // take turns owning their cache line.
+  if (slot != nullptr) {
+    plan_.counters->read_ns += elapsed_ns(started);
+    plan_.counters->samples_read += static_cast<uint64_t>(count);
+  }
   stage = "finalize batch";
-  if (state.remaining.fetch_sub(1) == 1) finalize(state);
+  if (state.remaining.fetch_sub(count) == count) finalize(state);
 }
 
 int64_t EpochRun::index_at(int64_t position) const {

@@ -1,8 +1,10 @@
 // EpochRun: the state of one pass over an epoch, shared by the worker threads
 // (as a Job) and the consumer (through EpochIterator). Internal.
 //
-// Work is claimed one sample position at a time from an atomic counter, so
-// threads balance naturally. A batch may be started only inside the window
+// Work is claimed from an atomic counter in chunks of rows of one batch (one
+// row for large or variable samples, up to 64 KiB of small fixed-size rows),
+// so threads balance naturally and small rows do not pay the per-claim
+// synchronisation each. A batch may be started only inside the window
 // [delivered, delivered + window) (pipeline/prefetch_window.h, at most
 // `prefetch`): this bounds the work and memory in flight. The first worker to
 // touch a batch takes its slot from the pool; the last worker to finish one of
@@ -114,8 +116,9 @@ class EpochRun final : public Job {
   // opened (never on the consumer's path).
   void check_pressure();
   BatchState& open_batch(int64_t batch, std::shared_ptr<Storage>& slot_out);
-  // `stage` names what the worker is doing, for an error that escapes.
-  void process_sample(int64_t position, const char*& stage);
+  // Reads rows [first, end) of `batch`. `stage` names what the worker is
+  // doing, for an error that escapes.
+  void process_chunk(int64_t batch, int64_t first, int64_t end, const char*& stage);
   // The sample index this rank visits at its local `position`.
   int64_t index_at(int64_t position) const;
   void record_failure(BatchState& state, int64_t row, SampleError error);
@@ -126,7 +129,9 @@ class EpochRun final : public Job {
   RunPlan plan_;
   pid_t owner_pid_;  // next() and cancel() do nothing safe in a forked child
   Permutation permutation_;
-  std::atomic<int64_t> next_position_{0};
+  std::atomic<int64_t> next_chunk_{0};
+  int64_t chunk_rows_ = 1;        // rows per claimed chunk
+  int64_t chunks_per_batch_ = 1;  // ceil(batch_size / chunk_rows_)
   std::atomic<bool> cancelled_{false};
   std::atomic<int64_t> failed_batch_;
   std::atomic<uint64_t> skipped_count_{0};

@@ -74,3 +74,44 @@ def test_crafted_npy_is_a_format_error_naming_the_file(tmp_path, case, output):
     )
     assert "FormatError:" in result.stdout
     assert str(path) in result.stdout, result.stdout
+
+
+REWRITE_SCRIPT = textwrap.dedent(
+    """
+    import faulthandler, sys
+    import numpy as np
+    import leanloader as ll
+    path, row_values = sys.argv[1], int(sys.argv[2])
+    faulthandler.enable()  # as pytest and many trainers do: our SIGBUS guard chains to it
+    loader = ll.Loader(ll.NpySource(path), batch_size=4, shuffle=False, num_threads=2,
+                       output="numpy")
+    first = next(iter(loader))
+    # The file is rewritten in place (np.save truncates, then writes) with fewer rows.
+    np.save(path, np.zeros((2, row_values), np.float32))
+    try:
+        for batch in loader:
+            pass
+    except ll.FormatError as error:
+        print("FormatError:", error)
+        sys.exit(0)
+    print("no error")
+    sys.exit(3)
+    """
+)
+
+
+@pytest.mark.parametrize("row_values", [1024, 65536])  # 4 KiB rows (mapped), 256 KiB (pread)
+def test_an_array_rewritten_while_loading_is_an_error_not_a_crash(tmp_path, row_values):
+    np = pytest.importorskip("numpy")
+    path = tmp_path / "rows.npy"
+    np.save(path, np.ones((64, row_values), np.float32))
+    result = subprocess.run(
+        [sys.executable, "-c", REWRITE_SCRIPT, str(path), str(row_values)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, (
+        f"exit {result.returncode}\nstdout: {result.stdout}\nstderr: {result.stderr[-2000:]}"
+    )
+    assert "FormatError:" in result.stdout and str(path) in result.stdout, result.stdout

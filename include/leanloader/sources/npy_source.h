@@ -46,8 +46,10 @@ class NpySource final : public Source {
  private:
   struct MappedArray {
     std::string path;
-    std::shared_ptr<detail::File> reader;  // C order: rows are pread
-    std::shared_ptr<MappedFile> mapping;   // Fortran order: rows are gathered
+    std::shared_ptr<detail::File> reader;  // C order, large rows: rows are pread
+    // Fortran order: rows are gathered from it; C order, small rows: rows
+    // are copied from it (guarded against the file shrinking).
+    std::shared_ptr<MappedFile> mapping;
     NpyHeader header;
     Shape row_shape;
     Shape row_strides;    // elements

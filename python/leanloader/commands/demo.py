@@ -16,6 +16,7 @@ from leanloader.bench.scenarios import get_scenario
 from leanloader.units import format_bytes
 
 SCENARIO = "arrays"
+DEMO_LOADERS = ("leanloader", "torch", "torch-forkserver")
 ROUNDS = 3
 
 EXPLANATION = (
@@ -99,6 +100,7 @@ def _run(scenario: Any, folder: Path, overrides: dict[str, Any], progress: Any) 
         size_overrides=overrides,
         progress=progress,
         separate_passes=False,  # a demo: one pass per loader and round
+        only=DEMO_LOADERS,  # the row-size sweep's runs are the bench's, not the demo's
     )
 
 

@@ -1,6 +1,7 @@
 #include "leanloader/sources/npy_source.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <numeric>
@@ -123,6 +124,37 @@ TEST(NpySourceTest, TruncatedArrayFileIsAFormatError) {
   } catch (const FormatError& e) {
     EXPECT_NE(std::string(e.what()).find("truncated"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("x.npy"), std::string::npos) << e.what();
+  }
+}
+
+// Small rows are copied from a mapping of the file; a file truncated after
+// the source opened it raises SIGBUS on those pages, which must come back as
+// an error naming the file and the row, never kill the process. Large rows
+// (pread) report the same truncation as a short read.
+TEST(NpySourceTest, FileTruncatedWhileOpenIsAnErrorNotACrash) {
+  for (const int64_t row_values : {int64_t{1024}, int64_t{65536}}) {  // 4 KiB, 256 KiB rows
+    TempDir dir;
+    const int64_t rows = 16;
+    std::vector<float> x(static_cast<size_t>(rows * row_values));
+    std::iota(x.begin(), x.end(), 0.0f);
+    write_npy(dir.file("x.npy"), DType::kF32, {rows, row_values}, x);
+    const auto source = NpySource::from_arrays({{"x", dir.file("x.npy")}});
+    CollectingWriter writer(*source);
+    source->read_sample(rows - 1, writer);
+    EXPECT_EQ(reinterpret_cast<const float*>(writer.buffers[0].data())[0],
+              static_cast<float>((rows - 1) * row_values));
+    // Keep the header (128 bytes) and the first two rows.
+    const auto kept = static_cast<off_t>(128 + 2 * row_values * 4 + 100);
+    ASSERT_EQ(::truncate(dir.file("x.npy").c_str(), kept), 0);
+    try {
+      source->read_sample(rows - 2, writer);
+      FAIL() << "read a row the file no longer has";
+    } catch (const FormatError& e) {
+      EXPECT_NE(std::string(e.what()).find("x.npy"), std::string::npos) << e.what();
+    }
+    // rows still in the file read as before
+    source->read_sample(0, writer);
+    EXPECT_EQ(reinterpret_cast<const float*>(writer.buffers[0].data())[1], 1.0f);
   }
 }
 

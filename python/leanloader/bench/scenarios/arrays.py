@@ -3,6 +3,11 @@
 Data: a .npy of float32 rows of 256 KiB (65,536 values), 2 GiB in the full
 size. Batch 64, shuffled.
 
+Row-size sweep (leanloader only, the share of memcpy per size): the same
+bytes as rows of 4 KiB, 64 KiB and 4 MiB, each in its own .npy, batches of
+16 MiB like the main row's (4,096, 256 and 4 rows): what a sample costs
+beyond its bytes shows at 4 KiB (tabular rows, token windows).
+
 - ``leanloader``: ``NpySource`` (memory-mapped) with 2 native threads that
   copy each row straight into its batch slot.
 - ``torch``: ``torch.utils.data.DataLoader(num_workers=2)`` over a Dataset that
@@ -32,6 +37,8 @@ from leanloader.bench.scenarios import Goal, LoaderContext, LoaderRun, Scenario
 ROW_VALUES = 65_536  # float32 values per row: 256 KiB
 ROW_BYTES = ROW_VALUES * 4
 BATCH_SIZE = 64
+BATCH_BYTES = BATCH_SIZE * ROW_BYTES  # 16 MiB, kept by the sweep's rows
+SWEEP_ROW_KIB = (4, 64, 4096)  # besides the main 256 KiB row
 THREADS = 2
 FIELD = "features"  # NpySource names its one field after the file stem
 
@@ -42,34 +49,49 @@ _ROWS_PER_CHUNK = 64
 
 def prepare(data_dir: Path, size: Mapping[str, Any]) -> dict[str, Any]:
     rows = int(size["rows"])
-    folder = Path(data_dir) / f"arrays-{rows}x{ROW_VALUES}-float32"
-    path = folder / f"{FIELD}.npy"
-    if not _is_complete(path, rows):
-        folder.mkdir(parents=True, exist_ok=True)
-        _write_rows(path, rows)
-    return {"path": str(path), "rows": rows, "bytes_per_sample": ROW_BYTES}
+    paths = {}
+    sweep = SWEEP_ROW_KIB if size.get("sweep", True) else ()
+    for row_kib in (ROW_BYTES >> 10, *sweep):
+        row_values = (row_kib << 10) // 4
+        # The same bytes at every size (at least one row).
+        row_count = max(1, rows * ROW_BYTES // (row_kib << 10))
+        name = f"arrays-{rows}x{ROW_VALUES}-float32"
+        if row_values != ROW_VALUES:
+            name = f"arrays-{row_count}x{row_values}-float32"
+        path = Path(data_dir) / name / f"{FIELD}.npy"
+        if not _is_complete(path, row_count, row_values):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _write_rows(path, row_count, row_values)
+        paths[str(row_kib)] = str(path)
+    return {
+        "path": paths[str(ROW_BYTES >> 10)],
+        "paths_by_row_kib": paths,
+        "rows": rows,
+        "bytes_per_sample": ROW_BYTES,
+    }
 
 
-def _is_complete(path: Path, rows: int) -> bool:
+def _is_complete(path: Path, rows: int, row_values: int) -> bool:
     try:
         array = np.load(path, mmap_mode="r")
     except (OSError, ValueError):
         return False
-    return array.shape == (rows, ROW_VALUES) and array.dtype == np.float32
+    return array.shape == (rows, row_values) and array.dtype == np.float32
 
 
-def _write_rows(path: Path, rows: int) -> None:
+def _write_rows(path: Path, rows: int, row_values: int) -> None:
     # Written under a temporary name and renamed, so an interrupted run never
     # leaves a file that _is_complete accepts.
     partial = path.with_name(f"{path.name}.partial-{os.getpid()}")
     rng = np.random.default_rng(0)
     try:
         array = np.lib.format.open_memmap(
-            partial, mode="w+", dtype=np.float32, shape=(rows, ROW_VALUES)
+            partial, mode="w+", dtype=np.float32, shape=(rows, row_values)
         )
-        for start in range(0, rows, _ROWS_PER_CHUNK):
-            stop = min(start + _ROWS_PER_CHUNK, rows)
-            array[start:stop] = rng.random((stop - start, ROW_VALUES), dtype=np.float32)
+        step = max(1, _ROWS_PER_CHUNK * ROW_VALUES // row_values)  # 16 MiB per write
+        for start in range(0, rows, step):
+            stop = min(start + step, rows)
+            array[start:stop] = rng.random((stop - start, row_values), dtype=np.float32)
         array.flush()
         del array
         os.replace(partial, path)
@@ -80,10 +102,16 @@ def _write_rows(path: Path, rows: int) -> None:
 def iterate_leanloader(context: LoaderContext) -> Iterator[Any]:
     import leanloader as ll
 
-    source = ll.NpySource(context.data["path"])
+    row_kib = int(context.options.get("row_kib", ROW_BYTES >> 10))
+    paths = context.data["paths_by_row_kib"]
+    if str(row_kib) not in paths:
+        raise ValueError(
+            f"no data for {row_kib} KiB rows: this size was prepared without the sweep"
+        )
+    source = ll.NpySource(paths[str(row_kib)])
     loader = ll.Loader(
         source,
-        batch_size=BATCH_SIZE,
+        batch_size=max(1, BATCH_BYTES // (row_kib << 10)),
         shuffle=True,
         seed=context.seed,
         num_threads=THREADS,
@@ -154,8 +182,13 @@ def _describe_size(size: Mapping[str, Any]) -> str:
     epochs = int(size["epochs"])
     return (
         f"{rows} rows × 256 KiB float32 ({gib:.2g} GiB), batch {BATCH_SIZE}, shuffled, "
-        f"{epochs} epoch{'s' if epochs != 1 else ''}"
+        f"{epochs} epoch{'s' if epochs != 1 else ''}; the same bytes as 4 KiB, 64 KiB and "
+        f"4 MiB rows in 16 MiB batches (leanloader only)"
     )
+
+
+def _row_label(row_kib: int) -> str:
+    return f"{row_kib >> 10}MiB" if row_kib >= 1024 else f"{row_kib}KiB"
 
 
 # leanloader hands out torch tensors like the baseline when torch is
@@ -168,7 +201,7 @@ SCENARIO = Scenario(
     sizes={
         "full": {"rows": 8192, "epochs": 3},
         "quick": {"rows": 1024, "epochs": 3},
-        "demo": {"rows": 1024, "epochs": 2},
+        "demo": {"rows": 1024, "epochs": 2, "sweep": False},
     },
     prepare=prepare,
     loaders=(
@@ -198,6 +231,20 @@ SCENARIO = Scenario(
             label=f"torch DataLoader, {THREADS} worker processes (forkserver)",
             key="torch-forkserver",
         ),
+        *(
+            LoaderRun(
+                name="leanloader",
+                function=iterate_leanloader,
+                threads=THREADS,
+                imports=("leanloader", "torch") if _OUTPUT == "torch" else ("leanloader",),
+                options={"output": _OUTPUT, "row_kib": row_kib},
+                row_options=("output", "row_kib"),
+                label=f"leanloader, {THREADS} threads, {_row_label(row_kib)} rows, "
+                f"batch {BATCH_BYTES // (row_kib << 10)}",
+                key=f"leanloader-{_row_label(row_kib)}",
+            )
+            for row_kib in SWEEP_ROW_KIB
+        ),
     ),
     ratios=(("leanloader", "torch"), ("leanloader", "torch-forkserver")),
     goals=(
@@ -218,12 +265,21 @@ SCENARIO = Scenario(
             "time to first batch ≤ ⅕ torch", "first_batch_s", at_most=0.2, ratio="leanloader/torch"
         ),
         Goal(
-            "batch assembly ≥ 60% of memcpy",
+            "batch assembly ≥ 90% of memcpy (256 KiB rows)",
             "fraction_of_memcpy",
-            at_least=0.6,
+            at_least=0.9,
             loader="leanloader",
         ),
+        *(
+            Goal(
+                f"batch assembly ≥ {share:.0%} of memcpy ({_row_label(row_kib)} rows)",
+                "fraction_of_memcpy",
+                at_least=share,
+                loader=f"leanloader-{_row_label(row_kib)}",
+            )
+            for row_kib, share in zip(SWEEP_ROW_KIB, (0.5, 0.9, 0.9), strict=True)
+        ),
     ),
-    warm_files=lambda data: [data["path"]],
+    warm_files=lambda data: list(data["paths_by_row_kib"].values()),
     describe_size=_describe_size,
 )
