@@ -166,6 +166,7 @@ void bind_loader(nb::module_& m) {
         out["consumer_wait_s"] = static_cast<double>(s.consumer_wait_ns) * 1e-9;
         out["window_wait_s"] = static_cast<double>(s.window_wait_ns) * 1e-9;
         out["samples_read"] = s.samples_read;
+        out["work_claims"] = s.work_claims;
         out["samples_skipped"] = s.samples_skipped;
         out["samples_warned"] = s.samples_warned;
         out["batches_delivered"] = s.batches_delivered;

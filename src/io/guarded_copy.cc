@@ -12,6 +12,9 @@ namespace {
 
 // The jump target of the copy this thread is in, or null. Set before the
 // copy (so the thread-local block exists before the handler reads it).
+// (initial-exec would spare a call into the dynamic linker per copy, ~55
+// instructions, but the extension module cannot then be loaded: no static
+// TLS left once torch and NumPy are.)
 thread_local sigjmp_buf* t_guarded_copy = nullptr;
 
 struct sigaction g_previous {};
@@ -51,14 +54,15 @@ void install_handler() {
 bool guarded_copy(void* dst, const void* src, size_t bytes) noexcept {
   static std::once_flag installed;
   std::call_once(installed, install_handler);
+  sigjmp_buf*& guarded = t_guarded_copy;  // one lookup of the thread-local
   sigjmp_buf jump;
   if (sigsetjmp(jump, 0) != 0) return false;
-  t_guarded_copy = &jump;
+  guarded = &jump;
   // The compiler must not move the copy out from between the two stores.
   std::atomic_signal_fence(std::memory_order_seq_cst);
   std::memcpy(dst, src, bytes);
   std::atomic_signal_fence(std::memory_order_seq_cst);
-  t_guarded_copy = nullptr;
+  guarded = nullptr;
   return true;
 }
 

@@ -63,6 +63,13 @@ class EpochRun::RowWriter final : public SampleWriter {
     }
     written_mask_ |= uint64_t{1} << (field % 64);
     const FieldSpec& spec = fields[field];
+    const bool stack = run_.plan_.options.collate == Collate::kStack;
+    if (stack && spec.shape.has_value() && shape == *spec.shape) {
+      // The batch's own row: its size was checked when the loader was planned.
+      std::byte* row = slot_->data() + run_.plan_.field_offsets[field] +
+                       static_cast<size_t>(row_) * run_.plan_.row_bytes[field];
+      return {row, run_.plan_.row_bytes[field]};
+    }
     const std::optional<size_t> checked_bytes = checked_nbytes(shape, spec.dtype);
     if (!checked_bytes) {
       throw InvalidArgument("field '" + spec.name + "': " + std::string(dtype_name(spec.dtype)) +
@@ -71,16 +78,11 @@ class EpochRun::RowWriter final : public SampleWriter {
                             "not end on a byte boundary)");
     }
     const size_t bytes = *checked_bytes;
-    if (run_.plan_.options.collate == Collate::kStack) {
-      if (!spec.shape.has_value() || shape != *spec.shape) {
-        throw InvalidArgument("field '" + spec.name + "' has shape " + shape_to_string(shape) +
-                              " in this sample but " +
-                              (spec.shape ? shape_to_string(*spec.shape) : std::string("varies")) +
-                              " in the batch; pass collate='list' for samples of different shapes");
-      }
-      std::byte* row = slot_->data() + run_.plan_.field_offsets[field] +
-                       static_cast<size_t>(row_) * run_.plan_.row_bytes[field];
-      return {row, bytes};
+    if (stack) {
+      throw InvalidArgument("field '" + spec.name + "' has shape " + shape_to_string(shape) +
+                            " in this sample but " +
+                            (spec.shape ? shape_to_string(*spec.shape) : std::string("varies")) +
+                            " in the batch; pass collate='list' for samples of different shapes");
     }
     // collate=list: take the next aligned range of the slot's arena.
     const std::optional<size_t> reserved =
@@ -319,6 +321,7 @@ void EpochRun::process_chunk(int64_t batch, int64_t first, int64_t end, const ch
     plan_.counters->read_ns += elapsed_ns(started);
     plan_.counters->samples_read += static_cast<uint64_t>(count);
   }
+  ++plan_.counters->work_claims;
   stage = "finalize batch";
   if (state.remaining.fetch_sub(count) == count) finalize(state);
 }

@@ -38,6 +38,7 @@ struct LoaderCounters {
   std::atomic<uint64_t> consumer_wait_ns{0};
   std::atomic<uint64_t> window_wait_ns{0};
   std::atomic<uint64_t> samples_read{0};
+  std::atomic<uint64_t> work_claims{0};  // chunks of rows claimed by worker threads
   std::atomic<uint64_t> samples_skipped{0};
   std::atomic<uint64_t> batches_delivered{0};
   std::atomic<uint64_t> heap_fallback_bytes{0};

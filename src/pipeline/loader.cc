@@ -305,6 +305,7 @@ LoaderStats Loader::stats() const {
   stats.consumer_wait_ns = counters_->consumer_wait_ns;
   stats.window_wait_ns = counters_->window_wait_ns;
   stats.samples_read = counters_->samples_read;
+  stats.work_claims = counters_->work_claims;
   stats.samples_skipped = counters_->samples_skipped;
   {
     std::lock_guard lock(counters_->warned_mutex);

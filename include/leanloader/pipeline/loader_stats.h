@@ -14,6 +14,9 @@ struct LoaderStats {
   uint64_t consumer_wait_ns = 0;
   uint64_t window_wait_ns = 0;  // worker threads held back by the prefetch window, summed
   uint64_t samples_read = 0;
+  // Chunks of rows the worker threads claimed (each claim takes the run's lock
+  // and touches shared counters; small rows are claimed up to 64 at a time).
+  uint64_t work_claims = 0;
   uint64_t samples_skipped = 0;
   uint64_t samples_warned = 0;  // distinct samples read with a warning (SampleWriter::warn)
   uint64_t batches_delivered = 0;
