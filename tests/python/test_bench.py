@@ -184,6 +184,8 @@ def test_the_consumer_reads_every_byte() -> None:
     tensor = torch.arange(30, dtype=torch.float32).reshape(3, 10)[:, ::2]
     assert _read_every_byte(tensor) == _read_every_byte(strided)
     assert _read_every_byte(torch.from_numpy(wraps)) == reference(wraps.tobytes())
+    half = torch.arange(7, dtype=torch.bfloat16)  # no NumPy dtype: read as its bytes
+    assert _read_every_byte(half) == reference(half.view(torch.uint8).numpy().tobytes())
 
 
 def test_memory_phases_split_start_up_from_steady_state() -> None:

@@ -21,7 +21,11 @@ Definitions (the harness quotes medians of these over rounds):
   start-up and steady state.
 
 The consumer reads every byte of every batch (``touch_batch``), for every
-loader alike. A run's ``setup`` (work both sides do before timing, such as
+loader alike, on one thread: with torch imported, its intra-op pool is set
+to one thread here, since its OpenMP threads spin-wait after every parallel
+sum and took the CPU of in-process loader threads (leanloader's arrays row:
+22k samples/s with torch's default pool, 40k with one thread; torch's worker
+processes, which set one thread themselves, were not slowed). A run's ``setup`` (work both sides do before timing, such as
 loading an in-RAM cache) runs before the timer starts.
 """
 
@@ -115,6 +119,8 @@ def run_loader(scenario_name: str, run_key: str, params: dict[str, Any]) -> dict
     run = scenario.loader(run_key)
     for module in params["imports"]:
         importlib.import_module(module)
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)  # the consumer's sum: see the module docstring
     context = LoaderContext(
         size=params["size"],
         data=params["data"],
