@@ -25,8 +25,9 @@ loader alike, on one thread: with torch imported, its intra-op pool is set
 to one thread here, since its OpenMP threads spin-wait after every parallel
 sum and took the CPU of in-process loader threads (leanloader's arrays row:
 22k samples/s with torch's default pool, 40k with one thread; torch's worker
-processes, which set one thread themselves, were not slowed). A run's ``setup`` (work both sides do before timing, such as
-loading an in-RAM cache) runs before the timer starts.
+processes, which set one thread themselves, were not slowed). A run's
+``setup`` (work both sides do before timing, such as loading an in-RAM
+cache) runs before the timer starts.
 """
 
 from __future__ import annotations
