@@ -13,7 +13,7 @@ export PATH := $(BIN):$(PATH)
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-APT_PACKAGES := g++ make python3-venv libgtest-dev clang clang-format pkg-config libhdf5-dev libblosc-dev liblzf-dev libdeflate-dev zlib1g-dev liblz4-dev libzstd-dev libjpeg62-turbo-dev libspng-dev libwebp-dev libtiff-dev liblcms2-dev libjpeg-turbo-progs webp imagemagick libopencv-imgproc-dev
+APT_PACKAGES := g++ make python3-venv libgtest-dev clang clang-format pkg-config libhdf5-dev libblosc-dev liblzf-dev libdeflate-dev zlib1g-dev liblz4-dev libzstd-dev libjpeg62-turbo-dev libspng-dev libwebp-dev libtiff-dev liblcms2-dev libjpeg-turbo-progs webp imagemagick fio libopencv-imgproc-dev
 CORE_SOURCES := $(shell find include src bindings python -type f \( -name '*.h' -o -name '*.cc' -o -name '*.py' -o -name '*.pyi' \) 2>/dev/null) CMakeLists.txt pyproject.toml
 
 .PHONY: all setup deps demo test test-cpp test-sanitize test-tsan test-python test-fuzz test-gpu fuzz bench format lint clean

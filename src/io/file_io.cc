@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -59,6 +60,29 @@ void File::read_exact(size_t offset, std::span<std::byte> dst) const {
     }
     done += static_cast<size_t>(n);
   }
+}
+
+bool File::read_exact_noting_misses(size_t offset, std::span<std::byte> dst) const {
+  size_t done = 0;
+  while (done < dst.size()) {
+    iovec io{dst.data() + done, dst.size() - done};
+    const ssize_t n = ::preadv2(fd_, &io, 1, static_cast<off_t>(offset + done), RWF_NOWAIT);
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+      continue;
+    }
+    const int error = n < 0 ? errno : 0;
+    if (error == EINTR) continue;
+    // EAGAIN (not cached), EOF or an error (EOPNOTSUPP on file systems
+    // without RWF_NOWAIT): read_exact reads the rest or reports it.
+    read_exact(offset + done, dst.subspan(done));
+    return error == EOPNOTSUPP;  // no way to tell: not counted as a miss
+  }
+  return true;
+}
+
+void File::will_need(size_t offset, size_t length) const noexcept {
+  ::posix_fadvise(fd_, static_cast<off_t>(offset), static_cast<off_t>(length), POSIX_FADV_WILLNEED);
 }
 
 std::vector<std::byte> File::read_prefix(size_t max_bytes) const {

@@ -26,6 +26,13 @@ class File {
   // Reads exactly dst.size() bytes at `offset`; throws FormatError when the
   // file ends first (it was truncated) and IoError on a failed read.
   void read_exact(size_t offset, std::span<std::byte> dst) const;
+  // As read_exact, but first without waiting for storage (preadv2 with
+  // RWF_NOWAIT): returns false when part of the range was not in the page
+  // cache and had to be read from storage (it is read all the same).
+  bool read_exact_noting_misses(size_t offset, std::span<std::byte> dst) const;
+  // Starts reading [offset, offset + length) into the page cache in the
+  // background (POSIX_FADV_WILLNEED). A hint: errors are ignored.
+  void will_need(size_t offset, size_t length) const noexcept;
   // Reads up to `max_bytes` from the start of the file.
   std::vector<std::byte> read_prefix(size_t max_bytes) const;
 

@@ -32,6 +32,12 @@ constexpr std::chrono::milliseconds kSlotPatience(100);
 // much as copying a 4 KiB row. A chunk holds up to kChunkBytes of rows.
 constexpr size_t kChunkBytes = size_t{64} << 10;
 constexpr int64_t kMaxChunkRows = 64;
+// Rows not in the page cache: the rows of the next kReadAheadBytes are
+// announced to the source (Source::will_need), so that the kernel reads many
+// at once instead of one per thread (2 threads, random 256 KiB rows of a
+// 2 GiB file, evicted: 1.25 GB/s with one read per thread; fio on this disk:
+// 1.13 GB/s at 2 reads in flight, 1.77 at 64).
+constexpr size_t kReadAheadBytes = size_t{32} << 20;
 
 }  // namespace
 
@@ -138,6 +144,10 @@ EpochRun::EpochRun(RunPlan plan)
   chunk_rows_ =
       std::clamp<int64_t>(std::min(rows, kMaxChunkRows), 1, std::max<int64_t>(batch_size / 4, 1));
   chunks_per_batch_ = (batch_size + chunk_rows_ - 1) / chunk_rows_;
+  storage_reads_seen_ = plan_.source->storage_reads();  // misses of earlier passes are old news
+  read_ahead_rows_ =
+      row_bytes > 0 ? static_cast<int64_t>(std::clamp<size_t>(kReadAheadBytes / row_bytes, 1, 1024))
+                    : 16;
   if (plan_.options.on_error == OnError::kSkip) {
     max_skipped_ = static_cast<uint64_t>(plan_.options.max_skip_fraction *
                                          static_cast<double>(plan_.num_positions));
@@ -296,6 +306,8 @@ void EpochRun::process_chunk(int64_t batch, int64_t first, int64_t end, const ch
   std::shared_ptr<Storage> slot;
   BatchState& state = open_batch(batch, slot);
   const int64_t count = end - first;
+  stage = "read ahead";
+  read_ahead(end);
   stage = "read";
   const auto started = Clock::now();
   for (int64_t position = first; position < end; ++position) {
@@ -324,6 +336,24 @@ void EpochRun::process_chunk(int64_t batch, int64_t first, int64_t end, const ch
   ++plan_.counters->work_claims;
   stage = "finalize batch";
   if (state.remaining.fetch_sub(count) == count) finalize(state);
+}
+
+void EpochRun::read_ahead(int64_t end) {
+  const uint64_t storage_reads = plan_.source->storage_reads();
+  if (storage_reads != storage_reads_seen_.load(std::memory_order_relaxed)) {
+    // Rows are coming from storage: keep announcing the next rows until
+    // several windows' worth have been read without another miss.
+    storage_reads_seen_.store(storage_reads, std::memory_order_relaxed);
+    cold_until_.store(end + 4 * read_ahead_rows_, std::memory_order_relaxed);
+  }
+  if (end >= cold_until_.load(std::memory_order_relaxed)) return;
+  const int64_t target = std::min(end + read_ahead_rows_, plan_.num_positions);
+  int64_t from = hinted_until_.load();
+  while (from < target && !hinted_until_.compare_exchange_weak(from, target)) {
+  }
+  for (int64_t position = std::max(from, end); position < target; ++position) {
+    plan_.source->will_need(index_at(position));
+  }
 }
 
 int64_t EpochRun::index_at(int64_t position) const {

@@ -120,6 +120,9 @@ class EpochRun final : public Job {
   // Reads rows [first, end) of `batch`. `stage` names what the worker is
   // doing, for an error that escapes.
   void process_chunk(int64_t batch, int64_t first, int64_t end, const char*& stage);
+  // When the source reports reads from storage, announces the rows after
+  // `end` (see kReadAheadBytes).
+  void read_ahead(int64_t end);
   // The sample index this rank visits at its local `position`.
   int64_t index_at(int64_t position) const;
   void record_failure(BatchState& state, int64_t row, SampleError error);
@@ -133,6 +136,10 @@ class EpochRun final : public Job {
   std::atomic<int64_t> next_chunk_{0};
   int64_t chunk_rows_ = 1;        // rows per claimed chunk
   int64_t chunks_per_batch_ = 1;  // ceil(batch_size / chunk_rows_)
+  int64_t read_ahead_rows_ = 16;  // rows announced ahead while reads miss the cache
+  std::atomic<uint64_t> storage_reads_seen_{0};
+  std::atomic<int64_t> cold_until_{0};    // announce rows while positions are below this
+  std::atomic<int64_t> hinted_until_{0};  // positions below this were announced
   std::atomic<bool> cancelled_{false};
   std::atomic<int64_t> failed_batch_;
   std::atomic<uint64_t> skipped_count_{0};

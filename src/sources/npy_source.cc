@@ -142,7 +142,10 @@ void NpySource::read_from_arrays(int64_t index, SampleWriter& writer) const {
     const size_t offset = array.header.data_offset + static_cast<size_t>(index) * array.row_step;
     const std::span<std::byte> dst = writer.field_buffer(f, array.row_shape);
     if (array.mapping == nullptr) {
-      array.reader->read_exact(offset, dst);  // a C-order row is contiguous
+      // A C-order row is contiguous.
+      if (!array.reader->read_exact_noting_misses(offset, dst)) {
+        storage_reads_.fetch_add(1, std::memory_order_relaxed);
+      }
     } else if (!array.header.fortran_order) {
       // The mapping covers the file as it was at open; a row beyond the
       // file's size then, or a page the file has lost since, is an error.
@@ -156,6 +159,16 @@ void NpySource::read_from_arrays(int64_t index, SampleWriter& writer) const {
       copy_strided(array.mapping->data() + offset, array.row_shape, array.row_strides,
                    dtype_size(array.header.dtype), dst.data());
     }
+  }
+}
+
+void NpySource::will_need(int64_t index) const noexcept {
+  if (index < 0 || index >= rows_) return;
+  for (const MappedArray& array : arrays_) {
+    if (array.mapping != nullptr) continue;  // only the pread rows
+    const size_t row_bytes = *checked_nbytes(array.row_shape, array.header.dtype);
+    array.reader->will_need(array.header.data_offset + static_cast<size_t>(index) * array.row_step,
+                            row_bytes);
   }
 }
 

@@ -1,15 +1,19 @@
 // NpySource: samples from .npy files.
 //
 // Two layouts:
-// - arrays: one .npy per field; row i of every file is sample i. A row is
-//   read with pread straight into the batch slot (C order), which costs no
-//   page faults in this process; Fortran-ordered arrays are memory-mapped and
-//   their strided rows gathered. Either way the pages are page cache, shared
-//   by every thread and process.
+// - arrays: one .npy per field; row i of every file is sample i. A C-order
+//   row above 64 KiB is read with pread straight into the batch slot (no page
+//   faults in this process; a row not in the page cache is noticed, and the
+//   loader then announces the next rows so that many are read at once);
+//   smaller rows are copied from a mapping of the file (a pread per row cost
+//   as much as the copy); Fortran-ordered arrays are memory-mapped and their
+//   strided rows gathered. Either way the pages are page cache, shared by
+//   every thread and process.
 // - directory: one .npy per sample (sorted by name), a single field; each
 //   read opens the file and preads its data straight into the batch slot.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <utility>
@@ -42,6 +46,10 @@ class NpySource final : public Source {
   std::string describe() const override { return description_; }
   std::string sample_location(int64_t index) const override;
   size_t estimated_sample_bytes() const override { return sample_bytes_; }
+  // Rows read with pread (above 64 KiB, C order) are read without waiting
+  // first; one that was not in the page cache counts here.
+  uint64_t storage_reads() const override { return storage_reads_.load(); }
+  void will_need(int64_t index) const noexcept override;
 
  private:
   struct MappedArray {
@@ -66,6 +74,7 @@ class NpySource final : public Source {
   int64_t rows_ = 0;
   size_t sample_bytes_ = 0;
   std::string description_;
+  mutable std::atomic<uint64_t> storage_reads_{0};
 };
 
 }  // namespace leanloader

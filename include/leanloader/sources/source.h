@@ -85,6 +85,15 @@ class Source {
   // nothing.
   virtual size_t cache_budget_bytes() const { return 0; }
 
+  // Reads that had to wait for storage (the data was not in the page cache),
+  // counted since construction; sources that cannot tell return 0. While it
+  // grows, the loader announces the rows it will read next (will_need), so
+  // that the kernel has many reads in flight instead of one per thread.
+  virtual uint64_t storage_reads() const { return 0; }
+  // A hint that sample `index` will be read soon: start reading it from
+  // storage in the background. Never blocks for the data, never throws.
+  virtual void will_need(int64_t index) const noexcept { (void)index; }
+
   // The Source as it is now, as an immutable Source: its size(), fields()
   // and samples never change while it is held, whatever happens to this
   // one. A Loader takes one at construction and at the start of each epoch

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -115,18 +116,26 @@ def run_scenario(
     progress: Progress = _quiet,
     separate_passes: bool = True,
     only: Sequence[str] | None = None,
+    cold: bool = False,
 ) -> dict[str, Any]:
     """Runs every available loader of `scenario` `rounds` times, order rotated,
     and returns the report (the JSON that `leanloader bench --json` prints).
     With `separate_passes` False (`leanloader demo`: half the time), each
     round runs a loader once, its memory sampled while it is timed. `only`
     names the loaders (run keys) to run; ratios and goals that need another
-    are left out of the report."""
+    are left out of the report. With `cold` (one epoch unless the size says
+    otherwise through `size_overrides`), every pass starts with the
+    scenario's files evicted from the page cache (posix_fadvise DONTNEED), and
+    each round fio reads the same files at random in the runs' block size,
+    once with one read in flight per thread and once with 32 (io_uring): the
+    yardsticks for reading from storage."""
     if rounds < MIN_ROUNDS:
         raise ValueError(f"rounds must be at least {MIN_ROUNDS}, got {rounds}")
     if size_name not in scenario.sizes:
         raise ValueError(f"scenario {scenario.name!r} has no size {size_name!r}")
     size = {**scenario.sizes[size_name], **(size_overrides or {})}
+    if cold and "epochs" in size and "epochs" not in (size_overrides or {}):
+        size["epochs"] = 1  # a second epoch would find the first one's pages cached
 
     if only is not None:
         unknown = sorted(set(only) - {run.run_key for run in scenario.loaders})
@@ -150,8 +159,18 @@ def run_scenario(
     data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
     progress(f"preparing data in {data_dir} ({scenario.describe_size(size)})")
     data = scenario.prepare(data_dir, size)
-    for path in scenario.warm_files(data):
-        _read_once(path)
+    files = scenario.warm_files(data)
+    if cold:
+        if scenario.cold_read is None:
+            raise BenchError(f"scenario {scenario.name!r} has no cold mode")
+        progress("cold page cache: files evicted before every pass")
+    else:
+        for path in files:
+            _read_once(path)
+    fio = shutil.which("fio") if cold else None
+    if cold and fio is None:
+        progress("fio is not installed: no storage yardstick (apt-get install fio)")
+    fio_by_run: dict[str, dict[str, list[float]]] = {run.run_key: {} for run in runs}
 
     params = {"size": size, "data": data, "seed": SEED}
     figures_by_run: dict[str, list[dict[str, Any]]] = {run.run_key: [] for run in runs}
@@ -161,10 +180,16 @@ def run_scenario(
     for round_index in range(rounds):
         for threads, measurements in memcpy_by_threads.items():
             measurements.append(_measure_memcpy(threads))
+        if fio is not None:
+            _measure_fio_round(fio, scenario, data, runs, files, fio_by_run)
         order.append([])
         shift = round_index % len(runs)
         for run in runs[shift:] + runs[:shift]:
+            if cold:
+                _evict(files)
             memory = run_child(scenario.name, run, params, sample=True)
+            if cold and separate_passes:
+                _evict(files)
             timing = (
                 run_child(scenario.name, run, params, sample=False) if separate_passes else memory
             )
@@ -198,6 +223,9 @@ def run_scenario(
             result[figure] = statistics.median(row[figure] for row in rows)
         result["memcpy_bytes_per_s"] = memcpy
         result["fraction_of_memcpy"] = result["bytes_per_s"] / memcpy
+        for name, values in fio_by_run[run.run_key].items():
+            result[f"{name}_bytes_per_s"] = statistics.median(values)
+            result[f"fraction_of_{name}"] = result["bytes_per_s"] / statistics.median(values)
         results.append(result)
 
     ratios = _ratios(scenario, results)
@@ -213,6 +241,7 @@ def run_scenario(
         "goals": _check_goals(scenario.goals, results, ratios),
         "rounds": order,
         "separate_passes": separate_passes,
+        "cold": cold,
         "skipped": skipped,
         "timelines": timelines,
     }
@@ -381,6 +410,65 @@ def _measure_memcpy(threads: int) -> float:
     return float(_core.measure_memcpy_bandwidth(threads))
 
 
+def _evict(paths: Sequence[str]) -> None:
+    """Drops the files' pages from the page cache (clean pages: no root
+    needed), so that the next reader gets them from storage."""
+    for path in paths:
+        descriptor = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)  # dirty pages cannot be dropped
+            os.posix_fadvise(descriptor, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(descriptor)
+
+
+# fio yardsticks: report name -> (ioengine, reads in flight per thread).
+FIO_YARDSTICKS = {"fio": ("psync", 1), "fio_deep": ("io_uring", 32)}
+
+
+def _measure_fio_round(
+    fio: str,
+    scenario: Scenario,
+    data: Mapping[str, Any],
+    runs: Sequence[LoaderRun],
+    files: Sequence[str],
+    fio_by_run: dict[str, dict[str, list[float]]],
+) -> None:
+    """One measurement of each fio yardstick per distinct (file, block,
+    threads) among the runs, the files evicted first."""
+    measured: dict[tuple[str, int, int, str], float] = {}
+    for run in runs:
+        assert scenario.cold_read is not None
+        target = scenario.cold_read(data, run)
+        if target is None:
+            continue
+        path, block = target
+        for name, (engine, depth) in FIO_YARDSTICKS.items():
+            key = (path, block, run.threads, name)
+            if key not in measured:
+                _evict(files)
+                measured[key] = _run_fio(fio, path, block, run.threads, engine, depth)
+            fio_by_run[run.run_key].setdefault(name, []).append(measured[key])
+
+
+def _run_fio(fio: str, path: str, block: int, jobs: int, engine: str, depth: int) -> float:
+    """Bytes/s of random `block`-byte reads of `path` through the page cache
+    by `jobs` fio jobs (each its own part of the file, so that no job finds
+    another's pages), `depth` reads in flight each."""
+    size = os.path.getsize(path)
+    part = max(block, size // jobs // block * block)
+    command = [
+        fio, "--name=cold", f"--filename={path}", "--rw=randread", f"--bs={block}",
+        f"--ioengine={engine}", f"--iodepth={depth}", f"--numjobs={jobs}",
+        f"--size={part}", f"--offset_increment={part}", "--direct=0", "--invalidate=1",
+        "--group_reporting", "--output-format=json",
+    ]  # fmt: skip
+    completed = subprocess.run(command, capture_output=True, text=True, check=False)
+    if completed.returncode != 0:
+        raise BenchError(f"fio failed: {completed.stderr.strip()[-500:]}")
+    return float(json.loads(completed.stdout)["jobs"][0]["read"]["bw_bytes"])
+
+
 def _read_once(path: str, chunk_bytes: int = 8 << 20) -> None:
     """Reads a file through the page cache once, so that every loader finds it
     cached (the machine evicts pages that are not re-read within minutes)."""
@@ -467,6 +555,9 @@ def format_report(report: Mapping[str, Any]) -> str:
         "GB/s",
         "of memcpy",
     )
+    cold = bool(report.get("cold"))
+    if cold:
+        header = (*header, "of fio (1 / 32 in flight a thread)")
     table = [header]
     for result in report["results"]:
         table.append(
@@ -482,6 +573,7 @@ def format_report(report: Mapping[str, Any]) -> str:
                 f"{result['cpu_s_per_1k_samples']:.2f}",
                 f"{result['bytes_per_s'] / 1e9:.2f}",
                 f"{result['fraction_of_memcpy']:.0%} of {result['memcpy_bytes_per_s'] / 1e9:.1f}",
+                *((_fio_cell(result),) if cold else ()),
             )
         )
     derived: list[str] = []
@@ -504,6 +596,7 @@ def format_report(report: Mapping[str, Any]) -> str:
                 ratio("cpu_s_per_1k_samples"),
                 "",
                 "",
+                *(("",) if cold else ()),
             )
         )
         for figure, value in figures.items():
@@ -530,6 +623,15 @@ def format_report(report: Mapping[str, Any]) -> str:
                 value = f"{goal['value']:.2f}"
             lines.append(f"  {goal['goal']:<40} {value:>8}  {verdict}")
     return "\n".join(lines)
+
+
+def _fio_cell(result: Mapping[str, Any]) -> str:
+    if "fio_bytes_per_s" not in result:
+        return ""
+    return (
+        f"{result['fraction_of_fio']:.0%} of {result['fio_bytes_per_s'] / 1e9:.2f} / "
+        f"{result['fraction_of_fio_deep']:.0%} of {result['fio_deep_bytes_per_s'] / 1e9:.2f}"
+    )
 
 
 def format_table(rows: list[tuple[str, ...]]) -> list[str]:

@@ -53,6 +53,13 @@ def add_parser(subparsers: Any) -> None:
         help="write a PNG of samples/s and memory over time per loader (needs matplotlib)",
     )
     parser.add_argument(
+        "--cold",
+        action="store_true",
+        help="data not in the page cache: the scenario's files are evicted before every pass, "
+        "and fio (when installed) reads them at random in the same block size, with one and "
+        "with 32 reads in flight per thread, as yardsticks",
+    )
+    parser.add_argument(
         "--only",
         metavar="LOADER[,LOADER]",
         help="run only these loaders (the keys the report names, e.g. leanloader-2,torch-fork-2)",
@@ -90,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
             size_overrides=parse_size_overrides(args.set),
             progress=progress,
             only=args.only.split(",") if args.only else None,
+            cold=args.cold,
         )
     except (BenchError, ValueError) as error:
         print(f"leanloader bench: {error}", file=sys.stderr)

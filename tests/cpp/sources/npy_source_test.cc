@@ -1,8 +1,12 @@
 #include "leanloader/sources/npy_source.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <numeric>
 
@@ -160,6 +164,38 @@ TEST(NpySourceTest, FileTruncatedWhileOpenIsAnErrorNotACrash) {
     source->read_sample(0, writer);
     EXPECT_EQ(reinterpret_cast<const float*>(writer.buffers[0].data())[1], 1.0f);
   }
+}
+
+// Rows read with pread tell a read from storage from one served by the page
+// cache (preadv2 with RWF_NOWAIT first): the loader announces the next rows
+// while reads miss. Skipped where the file cannot be evicted (tmpfs).
+TEST(NpySourceTest, CountsRowsThatCameFromStorage) {
+  TempDir dir;
+  const int64_t rows = 16, row_values = 65536;  // 256 KiB rows: the pread path
+  std::vector<float> x(static_cast<size_t>(rows * row_values), 1.0f);
+  write_npy(dir.file("x.npy"), DType::kF32, {rows, row_values}, x);
+  const int fd = ::open(dir.file("x.npy").c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  ::fdatasync(fd);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  struct stat st {};
+  ::fstat(fd, &st);
+  void* map = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_SHARED, fd, 0);
+  std::vector<unsigned char> resident((static_cast<size_t>(st.st_size) + 4095) / 4096);
+  ::mincore(map, static_cast<size_t>(st.st_size), resident.data());
+  ::munmap(map, static_cast<size_t>(st.st_size));
+  ::close(fd);
+  if (std::count_if(resident.begin(), resident.end(), [](unsigned char r) { return r & 1; }) > 4) {
+    GTEST_SKIP() << "the file system keeps the file in memory (tmpfs?)";
+  }
+  const auto source = NpySource::from_arrays({{"x", dir.file("x.npy")}});
+  const uint64_t before = source->storage_reads();  // the header read at open may count
+  CollectingWriter writer(*source);
+  source->read_sample(7, writer);
+  EXPECT_EQ(source->storage_reads(), before + 1);
+  EXPECT_EQ(reinterpret_cast<const float*>(writer.buffers[0].data())[5], 1.0f);
+  source->read_sample(7, writer);  // now in the page cache
+  EXPECT_EQ(source->storage_reads(), before + 1);
 }
 
 TEST(NpySourceTest, MissingFileIsNotFound) {

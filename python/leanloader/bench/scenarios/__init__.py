@@ -128,6 +128,10 @@ class Scenario:
     # derive_ratios(results) -> {"name": {figure: value}}, merged into "ratios"
     # before the goals are checked.
     derive_ratios: Callable[[list[dict[str, Any]]], DerivedRatios] = lambda results: {}
+    # With --cold: the file a run reads and the bytes of one random read
+    # (a row), for fio's yardstick: cold_read(data, run) -> (path, block) or
+    # None for a run that fio cannot stand for.
+    cold_read: Callable[[Mapping[str, Any], LoaderRun], tuple[str, int] | None] | None = None
 
     def __post_init__(self) -> None:
         keys = [run.run_key for run in self.loaders]
