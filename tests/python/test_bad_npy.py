@@ -39,6 +39,15 @@ CASES = {
     "huge_void_row": npy_bytes("|V4611686018427387904", False, (2, 4), total=4096),
 }
 
+# The end of each script: exit 0 after a FormatError, 3 without one.
+EXPECT_A_FORMAT_ERROR = """
+    except ll.FormatError as error:
+        print("FormatError:", error)
+        sys.exit(0)
+    print("no error")
+    sys.exit(3)
+    """
+
 SCRIPT = textwrap.dedent(
     """
     import sys
@@ -49,12 +58,8 @@ SCRIPT = textwrap.dedent(
                            num_threads=2, output=output)
         for batch in loader:
             pass
-    except ll.FormatError as error:
-        print("FormatError:", error)
-        sys.exit(0)
-    print("no error")
-    sys.exit(3)
     """
+    + EXPECT_A_FORMAT_ERROR
 )
 
 
@@ -91,12 +96,8 @@ REWRITE_SCRIPT = textwrap.dedent(
     try:
         for batch in loader:
             pass
-    except ll.FormatError as error:
-        print("FormatError:", error)
-        sys.exit(0)
-    print("no error")
-    sys.exit(3)
     """
+    + EXPECT_A_FORMAT_ERROR
 )
 
 
