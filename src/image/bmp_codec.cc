@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "image/codecs.h"
+#include "image/pillow_pixels.h"
 #include "leanloader/core/checked_size.h"
 #include "leanloader/core/error.h"
 
@@ -282,7 +283,6 @@ void bmp_decode(std::span<const std::byte> bytes, const DecodeOptions& options, 
   }
   const bool indices_in_bytes = !rle.empty();  // RLE gives one index per byte
   // Colour first; gray output is Pillow's luma of it (exact for gray palettes).
-  std::vector<uint8_t> rgb(channels == 1 ? pixels * 3 : 0);
   for (size_t y = 0; y < height; ++y) {
     const uint8_t* row = rows + (h.top_down ? y : height - 1 - y) * stride;
     for (size_t x = 0; x < width; ++x) {
@@ -331,19 +331,8 @@ void bmp_decode(std::span<const std::byte> bytes, const DecodeOptions& options, 
           break;
         }
       }
-      const size_t i = y * width + x;
-      if (channels == 1) {
-        rgb[3 * i] = r, rgb[3 * i + 1] = g, rgb[3 * i + 2] = b;
-      } else {
-        uint8_t* pixel = dst.data() + i * static_cast<size_t>(channels);
-        pixel[0] = r, pixel[1] = g, pixel[2] = b;
-        if (channels == 4) pixel[3] = a;
-      }
+      put_pixel(dst.data() + (y * width + x) * static_cast<size_t>(channels), channels, r, g, b, a);
     }
-  }
-  if (channels == 1) {
-    rgb_to_gray_in_place(rgb.data(), pixels);
-    std::memcpy(dst.data(), rgb.data(), pixels);
   }
 }
 
