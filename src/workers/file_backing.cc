@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/page_size.h"
 #include "io/proc_maps.h"
 
 namespace leanloader {
@@ -16,7 +17,7 @@ namespace {
 
 constexpr std::string_view kDeleted = " (deleted)";
 
-size_t page_size() { return static_cast<size_t>(::sysconf(_SC_PAGESIZE)); }
+using detail::page_size;
 
 // True when a page of [start, end) in this process is anonymous: present or
 // swapped without being a file page (pagemap bits 63, 62 and 61), that is,

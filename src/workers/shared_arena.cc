@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <utility>
 
+#include "core/page_size.h"
 #include "io/proc_maps.h"
 #include "leanloader/core/checked_size.h"
 #include "leanloader/core/error.h"
@@ -34,10 +35,7 @@ void count_forks_from_now() {
   if (!installed) throw Error("cannot register a fork handler (pthread_atfork)", ErrorKind::kIo);
 }
 
-size_t page_size() {
-  static const size_t size = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-  return size;
-}
+using detail::page_size;
 
 }  // namespace
 

@@ -17,6 +17,7 @@
 #include <optional>
 #include <vector>
 
+#include "core/page_size.h"
 #include "io/proc_maps.h"
 #include "leanloader/core/checked_size.h"
 #include "leanloader/core/error.h"
@@ -40,10 +41,7 @@ constexpr size_t kChunkFlagBits = 7;
 constexpr size_t kMmappedChunkFlags = 2;
 constexpr size_t kHugePageOffsetBit = 1;
 
-size_t page_size() {
-  static const size_t size = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-  return size;
-}
+using detail::page_size;
 
 // True when this process's allocation functions are the C library's own:
 // no preloaded allocator and no sanitizer runtime intercepts them.
