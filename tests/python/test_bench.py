@@ -223,40 +223,39 @@ def test_data_is_generated_once_and_reused(tmp_path: Path) -> None:
     assert rows_by_kib == {4: (512, 1024), 64: (32, 16384), 256: (8, 65536), 4096: (1, 1048576)}
 
 
-@needs_torch
-def test_row_size_sweep_reports_its_share_of_memcpy(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def cold_sweep_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
+    """One --cold run of the row-size sweep's 4 KiB row (one CLI run serves
+    both tests below: each run is 6 child processes)."""
+    pytest.importorskip("torch")
+    data_dir = tmp_path_factory.mktemp("bench-cold")
     completed = run_cli(
-        "bench", "arrays", "--quick", "--json", "--data-dir", str(tmp_path),
-        "--set", f"rows={TINY_ROWS}", "--set", "epochs=1", "--only", "leanloader-4KiB",
-        timeout=300,
+        "bench", "arrays", "--quick", "--cold", "--json", "--data-dir", str(data_dir),
+        "--set", f"rows={TINY_ROWS}", "--only", "leanloader-4KiB", timeout=300,
     )  # fmt: skip
     assert completed.returncode == 0, completed.stderr
-    report = json.loads(completed.stdout)
+    return json.loads(completed.stdout), data_dir
+
+
+def test_row_size_sweep_reports_its_share_of_memcpy(cold_sweep_report: tuple) -> None:
+    report, _ = cold_sweep_report
     (result,) = report["results"]
     assert result["row_kib"] == 4
-    assert result["samples"] == TINY_ROWS * 64  # 4 KiB rows: 64 per 256 KiB row
+    assert result["samples"] == TINY_ROWS * 64  # 4 KiB rows: 64 per 256 KiB row, one epoch
     assert 0 < result["fraction_of_memcpy"]
     (goal,) = [goal for goal in report["goals"] if "(4KiB rows)" in goal["goal"]]
     assert goal["value"] == result["fraction_of_memcpy"]
 
 
-@needs_torch
-def test_cold_mode_evicts_the_data_and_measures_fio_beside_the_loader(tmp_path: Path) -> None:
-    completed = run_cli(
-        "bench", "arrays", "--quick", "--cold", "--json", "--data-dir", str(tmp_path),
-        "--set", f"rows={TINY_ROWS}", "--set", "sweep=false", "--only", "leanloader",
-        timeout=300,
-    )  # fmt: skip
-    assert completed.returncode == 0, completed.stderr
-    report = json.loads(completed.stdout)
+def test_cold_mode_evicts_the_data_and_measures_fio_beside_the_loader(
+    cold_sweep_report: tuple,
+) -> None:
+    report, data_dir = cold_sweep_report
     assert report["cold"] is True
-    assert (
-        "1 epoch" in report["description"] and "epochs" not in report["description"]
-    )  # a second would find the pages cached
+    assert "1 epoch" in report["description"] and "epochs" not in report["description"]
     (result,) = report["results"]
-    assert result["samples"] == TINY_ROWS
-    # the loader's pass found the file evicted (the harness drops it after the run too)
-    data_file = next(tmp_path.rglob("features.npy"))
+    # eviction works here (the harness drops the file before every pass)
+    data_file = next(Path(data_dir).rglob("arrays-*x1024-float32/features.npy"))
     harness._evict([str(data_file)])
     completed_fincore = subprocess.run(
         ["fincore", "--bytes", "--noheadings", "--output", "RES", str(data_file)],
