@@ -96,6 +96,8 @@ class TensorCache::State final : public Source {
   }
   std::string sample_location(int64_t index) const override;
   size_t estimated_sample_bytes() const override { return sample_bytes; }
+  uint64_t storage_reads() const override { return storage_read_count.load(); }
+  void will_need(int64_t index) const noexcept override;
 
   std::string path;  // as the user gave it
   std::shared_ptr<const detail::CacheLock> lock;
@@ -114,6 +116,8 @@ class TensorCache::State final : public Source {
   mutable std::vector<std::unique_ptr<detail::File>> files;
   mutable std::vector<std::string> shard_errors;
   mutable std::unique_ptr<std::atomic<const SafetensorsFile*>[]> published;
+  // Gathers that had to wait for storage (see Source::storage_reads).
+  mutable std::atomic<uint64_t> storage_read_count{0};
 
   std::string shard_path(uint32_t shard) const {
     if (shard >= manifest.shards.size()) {
@@ -437,6 +441,10 @@ void TensorCache::read_sample(int64_t index, SampleWriter& writer) const {
   state()->read_sample(index, writer);
 }
 
+uint64_t TensorCache::storage_reads() const { return state()->storage_reads(); }
+
+void TensorCache::will_need(int64_t index) const noexcept { state()->will_need(index); }
+
 void TensorCache::State::read_sample(int64_t index, SampleWriter& writer) const {
   const CacheEntry& entry = entry_at(index);
   if (layout == Layout::kPerSampleFiles) {
@@ -454,7 +462,22 @@ void TensorCache::State::read_sample(int64_t index, SampleWriter& writer) const 
   for (size_t f = 0; f < field_list.size(); ++f) {
     const CacheTensorRecord& record = entry.tensors[f];
     const std::span<std::byte> dst = writer.field_buffer(f, record.shape);
-    if (record.nbytes > 0) file.read_exact(record.offset, dst.first(record.nbytes));
+    if (record.nbytes > 0 &&
+        !file.read_exact_noting_misses(record.offset, dst.first(record.nbytes))) {
+      storage_read_count.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+}
+
+void TensorCache::State::will_need(int64_t index) const noexcept {
+  if (layout != Layout::kSharded || index < 0 || index >= size()) return;
+  const CacheEntry& entry = manifest.entries[static_cast<size_t>(index)];
+  // Only shards already open: opening one is not a hint's work (its first
+  // read opens it). files[shard] is set before the shard is published.
+  if (published[entry.shard].load(std::memory_order_acquire) == nullptr) return;
+  const detail::File& file = *files[entry.shard];
+  for (const CacheTensorRecord& record : entry.tensors) {
+    if (record.nbytes > 0) file.will_need(record.offset, record.nbytes);
   }
 }
 

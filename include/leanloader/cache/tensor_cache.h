@@ -110,6 +110,10 @@ class TensorCache final : public Source {
   std::string describe() const override;
   std::string sample_location(int64_t index) const override;
   size_t estimated_sample_bytes() const override;
+  // The current snapshot's (see Source): gathers that waited for storage,
+  // and a read-ahead hint for a sample of an already open shard.
+  uint64_t storage_reads() const override;
+  void will_need(int64_t index) const noexcept override;
 
   Layout layout() const;
   const std::string& path() const noexcept { return path_; }

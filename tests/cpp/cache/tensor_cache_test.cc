@@ -2,9 +2,12 @@
 // entries, clean-up after a crashed writer, verification.
 #include "leanloader/cache/tensor_cache.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -90,6 +93,57 @@ TEST(TensorCacheTest, ReadsEverySampleOfAShardedCache) {
   EXPECT_EQ(cache->find("k7").value_or(-1) >= 0, true);
   EXPECT_FALSE(cache->find("nope").has_value());
   EXPECT_NE(cache->sample_location(0).find(" key k"), std::string::npos);
+}
+
+// Gathers tell a read from storage from one served by the page cache, as
+// NpySource's large rows do (the loader then reads ahead). Skipped where
+// the shards cannot be evicted (tmpfs).
+TEST(TensorCacheTest, CountsGathersThatCameFromStorage) {
+  TempDir dir;
+  const std::string cache_dir = dir.file("c");
+  {
+    CacheWriterOptions options;
+    options.shard_bytes = size_t{64} << 20;
+    CacheWriter writer(cache_dir, options);
+    for (int i = 0; i < 8; ++i) {
+      writer.add("k" + std::to_string(i), {}, {{"x", filled(float(i), 65536)}, {"id", ids(i)}});
+    }
+    writer.flush();
+  }
+  // Evicts the shards; returns the pages still resident.
+  const auto evict = [&] {
+    size_t resident_pages = 0;
+    for (const auto& item : fs::directory_iterator(cache_dir)) {
+      if (item.path().extension() != ".safetensors") continue;
+      const int fd = ::open(item.path().c_str(), O_RDONLY);
+      EXPECT_GE(fd, 0);
+      ::fdatasync(fd);
+      ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+      const auto size = static_cast<size_t>(fs::file_size(item.path()));
+      void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+      std::vector<unsigned char> resident((size + 4095) / 4096);
+      ::mincore(map, size, resident.data());
+      ::munmap(map, size);
+      ::close(fd);
+      resident_pages += static_cast<size_t>(
+          std::count_if(resident.begin(), resident.end(), [](unsigned char r) { return r & 1; }));
+    }
+    return resident_pages;
+  };
+  const auto cache = TensorCache::open(cache_dir);
+  BufferWriter writer;
+  cache->read_sample(0, writer);  // opens (and checks) the shard
+  // The cache's own mapping of the shard may keep pages it touched: at most
+  // its header's.
+  if (evict() > 16) GTEST_SKIP() << "the file system keeps the shards in memory (tmpfs?)";
+  const uint64_t before = cache->storage_reads();
+  cache->read_sample(5, writer);  // from storage
+  const uint64_t after_first = cache->storage_reads();
+  EXPECT_GE(after_first, before + 1);
+  EXPECT_FLOAT_EQ(writer.value<float>(0, 3), 5.003f);
+  cache->will_need(6);            // a hint: never throws, returns at once
+  cache->read_sample(5, writer);  // now in the page cache
+  EXPECT_EQ(cache->storage_reads(), after_first);
 }
 
 TEST(TensorCacheTest, EntriesAreZeroCopyViewsOfTheMapping) {
