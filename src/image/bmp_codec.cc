@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "image/byte_order.h"
 #include "image/codecs.h"
 #include "image/pillow_pixels.h"
 #include "leanloader/core/checked_size.h"
@@ -27,13 +28,12 @@ namespace {
 
 uint32_t u32(std::span<const std::byte> b, size_t at) {
   if (at + 4 > b.size()) throw FormatError("BMP: the header is truncated");
-  return static_cast<uint32_t>(b[at]) | static_cast<uint32_t>(b[at + 1]) << 8 |
-         static_cast<uint32_t>(b[at + 2]) << 16 | static_cast<uint32_t>(b[at + 3]) << 24;
+  return load_u32(b.data() + at, false);
 }
 
 uint32_t u16(std::span<const std::byte> b, size_t at) {
   if (at + 2 > b.size()) throw FormatError("BMP: the header is truncated");
-  return static_cast<uint32_t>(b[at]) | static_cast<uint32_t>(b[at + 1]) << 8;
+  return load_u16(b.data() + at, false);
 }
 
 constexpr uint32_t kRaw = 0, kRle8 = 1, kRle4 = 2, kBitfields = 3;

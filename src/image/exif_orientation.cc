@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "image/byte_order.h"
 #include "image/codecs.h"
 #include "io/zlib_inflate.h"
 #include "leanloader/core/checked_size.h"
@@ -21,16 +22,6 @@ namespace leanloader::detail {
 namespace {
 
 using Bytes = std::span<const std::byte>;
-
-uint32_t read_u16(const std::byte* p, bool big_endian) {
-  const auto a = static_cast<uint32_t>(p[0]), b = static_cast<uint32_t>(p[1]);
-  return big_endian ? (a << 8) | b : (b << 8) | a;
-}
-
-uint32_t read_u32(const std::byte* p, bool big_endian) {
-  const uint32_t high = read_u16(p, big_endian), low = read_u16(p + 2, big_endian);
-  return big_endian ? (high << 16) | low : (low << 16) | high;
-}
 
 bool starts_with(Bytes bytes, const char* text, size_t length) {
   return bytes.size() >= length && std::memcmp(bytes.data(), text, length) == 0;
@@ -65,7 +56,7 @@ Metadata jpeg_metadata(Bytes bytes) {
       continue;
     }
     if (marker == 0xDA || marker == 0xD9) break;  // image data: metadata comes before it
-    const size_t length = read_u16(bytes.data() + at + 2, true);
+    const size_t length = load_u16(bytes.data() + at + 2, true);
     if (length < 2 || !range_fits(at + 2, length, bytes.size())) break;
     const Bytes payload = bytes.subspan(at + 4, length - 2);
     if (marker == 0xE1 && found.exif.empty() && starts_with(payload, "Exif\0\0", 6)) {
@@ -154,7 +145,7 @@ Metadata png_metadata(Bytes bytes) {
   Metadata found;
   size_t at = 8;  // after the signature
   while (range_fits(at, 12, bytes.size())) {
-    const size_t length = read_u32(bytes.data() + at, true);
+    const size_t length = load_u32(bytes.data() + at, true);
     if (!range_fits(at + 8, length, bytes.size())) break;
     const Bytes type = bytes.subspan(at + 4, 4);
     const Bytes data = bytes.subspan(at + 8, length);
@@ -181,7 +172,7 @@ Metadata webp_metadata(Bytes bytes) {
   Metadata found;
   size_t at = 12;  // after "RIFF" size "WEBP"
   while (range_fits(at, 8, bytes.size())) {
-    const size_t length = read_u32(bytes.data() + at + 4, false);
+    const size_t length = load_u32(bytes.data() + at + 4, false);
     if (!range_fits(at + 8, length, bytes.size())) break;
     const Bytes payload = bytes.subspan(at + 8, length);
     if (starts_with(bytes.subspan(at, 4), "EXIF", 4)) {
@@ -222,21 +213,21 @@ std::optional<int> tiff_orientation(Bytes tiff) {
   } else if (!starts_with(tiff, "II", 2)) {
     return std::nullopt;
   }
-  if (read_u16(tiff.data() + 2, big_endian) != 42) return std::nullopt;
-  const size_t ifd = read_u32(tiff.data() + 4, big_endian);
+  if (load_u16(tiff.data() + 2, big_endian) != 42) return std::nullopt;
+  const size_t ifd = load_u32(tiff.data() + 4, big_endian);
   if (!range_fits(ifd, 2, tiff.size())) return std::nullopt;
-  const size_t count = read_u16(tiff.data() + ifd, big_endian);
+  const size_t count = load_u16(tiff.data() + ifd, big_endian);
   for (size_t i = 0; i < count; ++i) {
     const size_t entry = ifd + 2 + 12 * i;
     if (!range_fits(entry, 12, tiff.size())) return std::nullopt;
     const std::byte* p = tiff.data() + entry;
-    if (read_u16(p, big_endian) != 0x0112) continue;
-    const uint32_t type = read_u16(p + 2, big_endian);
+    if (load_u16(p, big_endian) != 0x0112) continue;
+    const uint32_t type = load_u16(p + 2, big_endian);
     uint32_t value = 0;
     if (type == 3) {  // SHORT
-      value = read_u16(p + 8, big_endian);
+      value = load_u16(p + 8, big_endian);
     } else if (type == 4) {  // LONG
-      value = read_u32(p + 8, big_endian);
+      value = load_u32(p + 8, big_endian);
     }
     // Present, even with a value Pillow's exif_transpose ignores (then no
     // turn, and XMP is not asked).

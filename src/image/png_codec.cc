@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "image/byte_order.h"
 #include "image/codecs.h"
 #include "leanloader/core/checked_size.h"
 #include "leanloader/core/error.h"
@@ -41,11 +42,6 @@ Context open_png(std::span<const std::byte> bytes) {
   return ctx;
 }
 
-uint32_t big_endian32(const std::byte* at) {
-  return uint32_t{static_cast<uint8_t>(at[0])} << 24 | uint32_t{static_cast<uint8_t>(at[1])} << 16 |
-         uint32_t{static_cast<uint8_t>(at[2])} << 8 | uint32_t{static_cast<uint8_t>(at[3])};
-}
-
 // Pillow's chunk name rule (a regex \w{4}).
 bool is_chunk_name(const std::byte* at) {
   return std::all_of(at, at + 4, [](std::byte b) {
@@ -73,7 +69,7 @@ void check_chunks_as_pillow(std::span<const std::byte> bytes) {
       throw FormatError("PNG: broken file: no readable chunk at byte " + std::to_string(at) +
                         " before the image data");
     }
-    const uint32_t length = big_endian32(bytes.data() + at);
+    const uint32_t length = load_u32(bytes.data() + at, true);
     const std::string name = chunk_name(bytes.data() + at + 4);
     if (name == "IDAT" || name == "fdAT") break;
     if (bytes.size() - at - 8 < static_cast<size_t>(length) + 4) {
@@ -81,7 +77,7 @@ void check_chunks_as_pillow(std::span<const std::byte> bytes) {
     }
     const std::byte* data = bytes.data() + at + 8;
     const uint32_t crc = libdeflate_crc32(0, bytes.data() + at + 4, size_t{length} + 4);
-    if (crc != big_endian32(data + length)) {
+    if (crc != load_u32(data + length, true)) {
       throw FormatError("PNG: broken file (bad checksum in the " + name + " chunk)");
     }
     if (name == "iCCP") {
@@ -97,7 +93,7 @@ void check_chunks_as_pillow(std::span<const std::byte> bytes) {
   while (header_at(at)) {
     const std::string name = chunk_name(bytes.data() + at + 4);
     if (name != "IDAT" && name != "fdAT") break;
-    const size_t length = big_endian32(bytes.data() + at);
+    const size_t length = load_u32(bytes.data() + at, true);
     const size_t available = bytes.size() - at - 8;
     if (available < length) {
       // Cut inside this chunk's data: Pillow accepts the file when its
@@ -114,7 +110,7 @@ void check_chunks_as_pillow(std::span<const std::byte> bytes) {
   while (header_at(at) && is_chunk_name(bytes.data() + at + 4)) {
     const std::string name = chunk_name(bytes.data() + at + 4);
     if (name == "IEND") return;
-    const size_t length = big_endian32(bytes.data() + at);
+    const size_t length = load_u32(bytes.data() + at, true);
     if (bytes.size() - at - 8 < length) {
       throw FormatError("PNG: image file is truncated (the " + name +
                         " chunk after the image data is cut short)");

@@ -4,8 +4,9 @@
 // of a maxval other than 255 (round(value / maxval * out_max), Python's
 // round: ties to even), and its refusals (a value above maxval in a plain
 // file, a short file), and PFM ("Pf", mode "F": 32-bit floats, bottom row
-// first). Then Pillow's conversion to the requested mode: "1"
-// is 0 or 255, "I" clips at 255, "F" truncates and clips to 0..255, RGB to L is Pillow's luma.
+// first). Then Pillow's conversion to the requested mode: "1" is 0 or 255,
+// "I" clips at 255, "F" truncates and clips to 0..255, RGB to L is Pillow's
+// luma.
 //
 // Why our own reader: the format is a few lines of rules, and Debian's
 // libnetpbm reports errors by exiting the process (pm_error), which a loader

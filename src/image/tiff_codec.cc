@@ -147,6 +147,12 @@ struct Description {
   bool min_is_white = false;
 };
 
+// True when every extra sample in [begin, end) is "unspecified" (no alpha).
+bool all_unspecified(std::vector<uint16_t>::const_iterator begin,
+                     std::vector<uint16_t>::const_iterator end) {
+  return std::all_of(begin, end, [](uint16_t e) { return e == EXTRASAMPLE_UNSPECIFIED; });
+}
+
 Description describe(TIFF* tif) {
   Description d;
   d.bits = field<uint16_t>(tif, TIFFTAG_BITSPERSAMPLE, 1);
@@ -161,8 +167,7 @@ Description describe(TIFF* tif) {
   std::vector<uint16_t> extra(extra_types, extra_types + (extra_types ? extra_count : 0));
   uint16_t used = d.samples;
   // Unspecified extra samples stored as planes of their own are ignored.
-  if (separate && !extra.empty() &&
-      std::all_of(extra.begin(), extra.end(), [](uint16_t e) { return e == 0; })) {
+  if (separate && !extra.empty() && all_unspecified(extra.begin(), extra.end())) {
     used = static_cast<uint16_t>(std::max(0, used - static_cast<int>(extra.size())));
     extra.clear();
   }
@@ -174,8 +179,7 @@ Description describe(TIFF* tif) {
   const uint16_t first_extra = extra.empty() ? 0xffff : extra[0];
   // Extra samples after the first must be unspecified (Pillow's RGBAXX, CMYKXX).
   const bool rest_unspecified =
-      extra.size() <= 1 || std::all_of(extra.begin() + 1, extra.end(),
-                                       [](uint16_t e) { return e == EXTRASAMPLE_UNSPECIFIED; });
+      extra.size() <= 1 || all_unspecified(extra.begin() + 1, extra.end());
   Mode mode = Mode::kRgbaInterface;
   if (gray && used == 1 && extra.empty()) {
     if (uint && (d.bits == 1 || d.bits == 2 || d.bits == 4 || d.bits == 8)) {
@@ -212,7 +216,7 @@ Description describe(TIFF* tif) {
     mode = Mode::kPalette;
   } else if (photometric == PHOTOMETRIC_SEPARATED && uint &&
              ((d.bits == 8 && used == 4 + extra.size() && extra.size() <= 2 &&
-               std::all_of(extra.begin(), extra.end(), [](uint16_t e) { return e == 0; })) ||
+               all_unspecified(extra.begin(), extra.end())) ||
               (d.bits == 16 && used == 4 && extra.empty()))) {
     mode = Mode::kCmyk;
   } else if (photometric == PHOTOMETRIC_CIELAB && uint && d.bits == 8 && used == 3 &&
@@ -370,8 +374,10 @@ struct LcmsTransformDeleter {
 // CIELab (8-bit, a* and b* signed as TIFF stores them) to sRGB as Pillow's
 // LAB -> RGB convert does it: ImageCms with LittleCMS, a Lab (v2, D50)
 // profile to the sRGB profile, perceptual intent, 4 bytes per pixel each side.
-void lab_to_rgb(const MemoryFile& file, const uint8_t* lab, size_t pixels,
-                std::vector<uint8_t>& rgba) {
+// `rows` holds the samples as read (row_bytes a row, `stride` samples a
+// pixel, L a* b* first); `rgba` receives 4 bytes a pixel, rows unpadded.
+void lab_to_rgb(const MemoryFile& file, const std::vector<uint8_t>& rows, size_t row_bytes,
+                size_t stride, uint32_t width, uint32_t height, std::vector<uint8_t>& rgba) {
   std::unique_ptr<_cmsContext_struct, LcmsContextDeleter> context(
       cmsCreateContext(nullptr, nullptr));
   if (!context) throw OutOfMemory("TIFF: cannot create a colour transform");
@@ -384,12 +390,17 @@ void lab_to_rgb(const MemoryFile& file, const uint8_t* lab, size_t pixels,
   std::unique_ptr<void, LcmsTransformDeleter> transform(cmsCreateTransformTHR(
       context.get(), lab_profile.get(), lab_format, srgb.get(), TYPE_RGBA_8, INTENT_PERCEPTUAL, 0));
   if (!transform) fail(file, "cannot create the CIELab to sRGB transform");
+  const size_t pixels = static_cast<size_t>(width) * height;
   std::vector<uint8_t> input(pixels * 4);
-  for (size_t i = 0; i < pixels; ++i) {
-    input[4 * i] = lab[3 * i];
-    input[4 * i + 1] = lab[3 * i + 1] ^ 0x80;  // signed in the file, offset in Pillow's LAB
-    input[4 * i + 2] = lab[3 * i + 2] ^ 0x80;
-    input[4 * i + 3] = 255;
+  for (uint32_t y = 0; y < height; ++y) {
+    for (uint32_t x = 0; x < width; ++x) {
+      const uint8_t* lab = rows.data() + y * row_bytes + static_cast<size_t>(x) * stride;
+      uint8_t* in = input.data() + (static_cast<size_t>(y) * width + x) * 4;
+      in[0] = lab[0];
+      in[1] = lab[1] ^ 0x80;  // signed in the file, offset in Pillow's LAB
+      in[2] = lab[2] ^ 0x80;
+      in[3] = 255;
+    }
   }
   rgba.resize(pixels * 4);
   cmsDoTransform(transform.get(), input.data(), rgba.data(), static_cast<cmsUInt32Number>(pixels));
@@ -405,16 +416,7 @@ void convert_samples(TIFF* tif, const MemoryFile& file, const Description& d, ui
     fail(file, "a palette image without a colour map");
   }
   std::vector<uint8_t> lab_rgba;
-  if (d.mode == Mode::kLab) {
-    std::vector<uint8_t> lab(static_cast<size_t>(width) * height * 3);
-    for (uint32_t y = 0; y < height; ++y) {
-      for (uint32_t x = 0; x < width; ++x) {
-        std::memcpy(&lab[(static_cast<size_t>(y) * width + x) * 3],
-                    rows.data() + y * row_bytes + static_cast<size_t>(x) * stride, 3);
-      }
-    }
-    lab_to_rgb(file, lab.data(), static_cast<size_t>(width) * height, lab_rgba);
-  }
+  if (d.mode == Mode::kLab) lab_to_rgb(file, rows, row_bytes, stride, width, height, lab_rgba);
   const uint32_t max = (1u << std::min<uint16_t>(d.bits, 16)) - 1;
   const int shift = d.bits == 16 ? 8 : 0;  // Pillow keeps a 16-bit colour sample's high byte
   for (uint32_t y = 0; y < height; ++y) {

@@ -165,10 +165,10 @@ void NpySource::read_from_arrays(int64_t index, SampleWriter& writer) const {
 void NpySource::will_need(int64_t index) const noexcept {
   if (index < 0 || index >= rows_) return;
   for (const MappedArray& array : arrays_) {
-    if (array.mapping != nullptr) continue;  // only the pread rows
-    const size_t row_bytes = *checked_nbytes(array.row_shape, array.header.dtype);
+    // Only the pread rows: C order, so a row's bytes are its step.
+    if (array.mapping != nullptr) continue;
     array.reader->will_need(array.header.data_offset + static_cast<size_t>(index) * array.row_step,
-                            row_bytes);
+                            array.row_step);
   }
 }
 

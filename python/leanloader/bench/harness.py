@@ -224,8 +224,8 @@ def run_scenario(
         result["memcpy_bytes_per_s"] = memcpy
         result["fraction_of_memcpy"] = result["bytes_per_s"] / memcpy
         for name, values in fio_by_run[run.run_key].items():
-            result[f"{name}_bytes_per_s"] = statistics.median(values)
-            result[f"fraction_of_{name}"] = result["bytes_per_s"] / statistics.median(values)
+            result[f"{name}_bytes_per_s"] = fio_rate = statistics.median(values)
+            result[f"fraction_of_{name}"] = result["bytes_per_s"] / fio_rate
         results.append(result)
 
     ratios = _ratios(scenario, results)
