@@ -546,7 +546,7 @@ def test_batches_arrive_in_slots_without_copies_and_slots_recycle():
     batches = [next(iterator) for _ in range(10)]
     later = batches[-1]["x"]
     assert _core.find_shared_segment(later.data_ptr()) is not None  # views the slot
-    pools = [kept.pool for kept in iterator._retained]
+    pools = iterator.batch_segments.kept_pools
     held = sum(pool.slots_in_use for pool in pools)
     del batches, later
     assert sum(pool.slots_in_use for pool in pools) < held  # dropping batches freed slots
@@ -587,15 +587,15 @@ def test_batch_memory_is_planned_like_the_loaders_slots():
         assert torch.equal(batch[1], torch.arange(seen * 8, seen * 8 + 8))
         assert torch.equal(batch[0][:, 0], batch[1].float())
         seen += 1
-        retained = iterator._retained
-        assert len(retained) <= 2 * 2 + 1
-        assert all(kept.pool.slot_bytes == batch_bytes for kept in retained)
+        kept = iterator.batch_segments.kept_pools
+        assert len(kept) <= 2 * 2 + 1
+        assert all(pool.slot_bytes == batch_bytes for pool in kept)
     assert seen == 12
     # A plain loop recycles: no new segment per batch once the pool is full
     # (a few extra when a worker wrote before a slot came back).
     assert len(inodes) <= 8, inodes
     # Between epochs nothing is kept (torch holds nothing there either).
-    assert iterator._retained == []
+    assert iterator.batch_segments.kept_pools == ()
     assert len(list(loader)) == 12  # the next epoch builds them again
     loader.close()
 
@@ -608,7 +608,8 @@ def test_kept_segments_stay_within_the_memory_budget():
     count = 0
     for batch in iterator:
         _batch_segments(batch)  # still no batch through the pipe
-        assert sum(kept.pool.slot_bytes for kept in iterator._retained) <= 2 * segment_bytes
+        kept = iterator.batch_segments.kept_pools
+        assert sum(pool.slot_bytes for pool in kept) <= 2 * segment_bytes
         count += 1
     assert count == 12
     loader.close()
@@ -621,7 +622,7 @@ def test_hoarded_batches_stay_in_segments_and_are_freed_when_dropped():
     hoard = [next(iterator) for _ in range(10)]  # twice the pool's size
     for batch in hoard:
         _batch_segments(batch)
-    assert len(iterator._retained) <= 5
+    assert len(iterator.batch_segments.kept_pools) <= 5
     assert len({next(iter(_batch_segments(b))) for b in hoard}) == 10
     # The segments are counted as the tree's memory, mapped or not.
     report = ll.memory_report(gpu=False)

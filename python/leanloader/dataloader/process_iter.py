@@ -21,24 +21,20 @@ if TYPE_CHECKING:
     from leanloader.dataloader.front import DataLoader
 
 from leanloader import _core
-from leanloader.dataloader.batch_template import unpack_batch
+from leanloader.dataloader.batch_segments import BatchSegments
 from leanloader.dataloader.fork_server import main_module_hidden, preload_in_fork_server
 from leanloader.dataloader.pin import in_place_pinning
 from leanloader.dataloader.protocol import (
     SHUTDOWN,
-    WAIT_FOR_SLOT,
     BatchReady,
     Close,
     Config,
     Exhausted,
     Failed,
     Fetch,
-    Forget,
     InSegment,
     InSlot,
-    Offer,
     Resume,
-    SlotOffer,
 )
 from leanloader.dataloader.script_guard import (
     UNGUARDED_EXIT,
@@ -51,19 +47,9 @@ from leanloader.dataloader.seeding import (
     draw_base_seed,
     is_datapipe,
 )
-from leanloader.dataloader.segments import segment_reference
 from leanloader.dataloader.sharing import PickledAtStart, pickling_error
 from leanloader.dataloader.task_sender import TaskSender
 from leanloader.dataloader.worker import rebuild_error, worker_main
-
-# Batch segments larger than this are not kept for reuse: each is freed when
-# the consumer drops its batch, as torch frees its shared batches. A kept
-# segment is a whole batch of memory while it waits for its next batch (up
-# to one per task sent ahead), memory torch would not hold; and at this size
-# making a new segment costs little next to producing the batch's samples in
-# Python (reserving 300 MB of /dev/shm: ~0.1 s, against ~1 s of h5py reads
-# in seed 004's batches).
-KEEP_SEGMENT_MAX_BYTES = 64 << 20
 
 # torch's words when the main process runs out of descriptors (each batch
 # held by the consumer keeps one open, as torch's shared tensors do).
@@ -82,15 +68,6 @@ DEATH_REPORT_S = 5.0
 SHUTDOWN_JOIN_S = 5.0
 # ... after a timeout, a dead worker or an interrupt (a worker may be stuck).
 ERROR_JOIN_S = 0.2
-
-
-class _Retained:
-    """A batch segment kept for reuse, and the id workers cache it under."""
-
-    __slots__ = ("pool", "pool_id")
-
-    def __init__(self, pool: Any, pool_id: int) -> None:
-        self.pool, self.pool_id = pool, pool_id
 
 
 class _Dead(Exception):
@@ -126,37 +103,9 @@ class ProcessIterator:
         setup = loader.worker_setup(dataset)
         setup.sharding = sharding
         self._epoch = 0
-        # pin_memory=True on a GPU: segments are page-locked as they arrive,
-        # and a dropped batch's segment is fenced until the device's copies
-        # from it have run (dataloader/pin.py).
-        self._in_place_pinning = in_place_pinning(loader)
-        self._fence = self._in_place_pinning.fence if self._in_place_pinning else None
-        # Batch segments, planned like ll.Loader's slots: one shared segment
-        # per batch, created by the worker that produced the batch and sized
-        # to it, adopted here as a one-slot SlotPool and recycled. At most
-        # prefetch_factor x workers (in flight) + 1 (held by the consumer) are
-        # kept for reuse, none above KEEP_SEGMENT_MAX_BYTES, and no more bytes
-        # than memory_budget when the loader has one; a segment beyond that is
-        # freed when its batch is dropped.
-        self._retained: list[Any] = []
+        # The dataset's shared copies this pass's workers attached.
         self._attached_segments: list[Any] = []
-        self._retain_cap = self._prefetch * self._num_workers + 1
-        budget = getattr(loader, "memory_budget", None)
-        self._retain_budget = budget if isinstance(budget, int) and budget > 0 else None
-        # (epoch, task) -> (pool, slot) for tasks offered a retained segment.
-        self._task_slot: dict[tuple[int, int], tuple[Any, int]] = {}
-        # task -> worker for tasks of this epoch not yet offered a segment.
-        self._unoffered: dict[int, int] = {}
-        # Tasks of this epoch whose worker makes the segment (the pool is
-        # still growing): they count towards the planned number of segments.
-        self._creating: set[int] = set()
-        # Tasks sent with WAIT_FOR_SLOT; once such a wait goes unanswered (the
-        # consumer keeps its batches: list(loader)), workers stop waiting
-        # until the consumer drops a segment again.
-        self._waiting: set[int] = set()
-        self._hoarding = False
         self._answered: set[int] = set()  # workers that sent anything
-        self._pool_id = 0
         self._shutdown = False
         # The pass ended normally: later next() calls raise StopIteration
         # again, as torch's iterator does (Lightning's CombinedLoader relies on it).
@@ -167,6 +116,17 @@ class ProcessIterator:
         # Every message to a worker goes through this thread (never a
         # blocking write from here: see task_sender.py).
         self._sender = TaskSender("leanloader-task-sender")
+        # Which shared segment each batch is written into (batch_segments.py);
+        # pin_memory=True on a GPU: segments are page-locked as they arrive,
+        # and a dropped batch's segment is fenced until the device's copies
+        # from it have run (dataloader/pin.py).
+        self.batch_segments = BatchSegments(
+            self._num_workers,
+            self._prefetch,
+            getattr(loader, "memory_budget", None),
+            in_place_pinning(loader),
+            _sending_to(self._sender, self._task_conns),
+        )
         self._start_workers(loader, setup, shared_seed)
         if self._datapipe:
             # torch's _MultiProcessingDataLoaderIter ends its __init__ with
@@ -286,16 +246,9 @@ class ProcessIterator:
         self._workers_status = [True] * self._num_workers
         self._workers_num_tasks = [0] * self._num_workers
         self._worker_cycle = itertools.cycle(range(self._num_workers))
-        self._unoffered = {}
-        self._creating = set()
-        self._waiting = set()
+        self.batch_segments.start_epoch(self._epoch)
         for _ in range(self._prefetch * self._num_workers):
             self._try_put_index()
-
-    def _release_pending(self) -> None:
-        for pool, slot in self._task_slot.values():
-            pool.release(slot)
-        self._task_slot = {}
 
     def _try_put_index(self) -> None:
         max_tasks = self._prefetch * self._num_workers
@@ -312,17 +265,7 @@ class ProcessIterator:
                     break
         else:
             return
-        slot = self._take_slot(self._send_idx)
-        if slot is None:
-            self._unoffered[self._send_idx] = worker
-            if self._pool_full():
-                # The pool is as large as planned: the worker waits a moment
-                # for a segment the consumer drops before it makes another.
-                slot = None if self._hoarding else WAIT_FOR_SLOT
-                if slot is not None:
-                    self._waiting.add(self._send_idx)
-            else:
-                self._creating.add(self._send_idx)
+        slot = self.batch_segments.slot_for(self._send_idx, worker)
         self._send(worker, Fetch(self._epoch, self._send_idx, index, slot))
         self._task_info[self._send_idx] = (worker,)
         self._task_index[self._send_idx] = index
@@ -337,10 +280,8 @@ class ProcessIterator:
             raise RuntimeError("this DataLoader iterator was shut down after an error")
         try:
             # Segments the consumer dropped since the last call go to tasks
-            # sent while none was free (the worker takes the offer if it has
-            # not written its batch yet, else it made its own segment).
-            self._collect_pinned()
-            self._offer_slots()
+            # sent while none was free.
+            self.batch_segments.offer_free()
             return self._next_data()
         except StopIteration:
             raise
@@ -367,7 +308,7 @@ class ProcessIterator:
                     self._exhausted = True
                     self.shutdown()
                 else:
-                    self._release_retained()
+                    self.batch_segments.release_kept()
                 raise StopIteration
             if len(self._task_info[self._rcvd_idx]) == 2:
                 worker, data = self._task_info.pop(self._rcvd_idx)
@@ -410,12 +351,12 @@ class ProcessIterator:
         conns = {c: i for i, c in enumerate(self._result_conns)}
         # Pinned segments come back when the device's copies from them have
         # run: the fence's descriptor is readable then.
-        fence = [self._fence.ready_fd] if self._fence is not None else []
+        fence_fd = self.batch_segments.fence.ready_fd if self.batch_segments.fence else None
+        fence = [] if fence_fd is None else [fence_fd]
         while True:
             ready = multiprocessing.connection.wait([*conns, *sentinels, *fence], timeout=POLL_S)
             if fence and fence[0] in ready:
-                self._collect_pinned()
-                self._offer_slots()
+                self.batch_segments.offer_free()
             for item in ready:
                 if item in conns:
                     try:
@@ -439,34 +380,28 @@ class ProcessIterator:
     ) -> tuple[int, Any] | None:
         epoch, task = message.epoch, message.task
         self._answered.add(worker)
-        if epoch == self._epoch:
-            self._unoffered.pop(task, None)
-            self._creating.discard(task)
+        segments = self.batch_segments
+        segments.answered(epoch, task)
         if epoch != self._epoch:
             # A result of an epoch the user left early: its slot goes back,
             # and a segment the worker made for it is let go.
-            self._drop_slot(task, epoch)
+            segments.drop(task, epoch)
             if isinstance(message, BatchReady) and isinstance(message.payload, InSegment):
                 self._send(worker, Close(message.payload.segment[1]))
             return None
         if isinstance(message, Exhausted):
-            self._drop_slot(task)
+            segments.drop(task)
             return task, _Stop(worker)
         if isinstance(message, Failed):
-            self._drop_slot(task)
+            segments.drop(task)
             return task, _WorkerError(message.error)
         payload = message.payload
         if isinstance(payload, InSlot):
-            pool, slot = self._task_slot.pop((epoch, task))
-            return task, unpack_batch(payload.template, pool.hold(slot, self._fence))
+            return task, segments.batch_in_slot(task, payload.template)
         if isinstance(payload, InSegment):
             # The worker wrote into a segment of its own (no segment was free
             # when the task was sent, or the offered one was too small).
             (owner, fd, inode), size, template = payload
-            offered = self._task_slot.pop((epoch, task), None)
-            if task in self._waiting and offered is None:
-                self._hoarding = True  # the wait was in vain
-            self._waiting.discard(task)
             try:
                 segment = _core.SharedSegment.attach(f"/proc/{owner}/fd/{fd}")
             except OSError as error:
@@ -485,101 +420,14 @@ class ProcessIterator:
             if os.fstat(segment.fd).st_ino != inode:
                 raise _Dead(f"leanloader DataLoader worker {worker} (pid {owner}) sent a batch "
                             "segment that is gone")  # fmt: skip
-            if self._in_place_pinning is not None:
-                pool = self._in_place_pinning.adopt(segment, size)
-            else:
-                pool = _core.SlotPool.adopt(segment, size, 1)
-            if offered is not None:
-                offered[0].release(offered[1])
-                if offered[0].slot_bytes < size:
-                    self._forget(offered[0])  # too small for these batches
-            self._retain(pool)
-            slot = pool.acquire()
-            return task, unpack_batch(template, pool.hold(slot, self._fence))
-        self._drop_slot(task)
+            return task, segments.batch_in_segment(task, segment, size, template)
+        segments.drop(task)
         return task, pickle.loads(payload.data)
 
-    def _drop_slot(self, task: int, epoch: int | None = None) -> None:
-        held = self._task_slot.pop((self._epoch if epoch is None else epoch, task), None)
-        if held is not None:
-            held[0].release(held[1])
-
-    # --- batch segments ------------------------------------------------------------
+    # --- workers ---------------------------------------------------------------------
 
     def _send(self, worker: int, message: Any) -> None:
         self._sender.send(self._task_conns[worker], message)  # a dead worker: _check_workers
-
-    def _retain(self, pool: Any) -> None:
-        """Keeps `pool` for reuse when the cap and the budget allow; else it
-        is freed once its batch is dropped."""
-        if len(self._retained) >= self._retain_cap or pool.slot_bytes > KEEP_SEGMENT_MAX_BYTES:
-            return
-        if self._retain_budget is not None:
-            held = sum(kept.pool.slot_bytes for kept in self._retained)
-            if held + pool.slot_bytes > self._retain_budget:
-                return
-        self._pool_id += 1
-        self._retained.append(_Retained(pool, self._pool_id))
-
-    def _forget(self, pool: Any) -> None:
-        """Stops reusing `pool`; the workers unmap it."""
-        for kept in self._retained:
-            if kept.pool is pool:
-                self._retained.remove(kept)
-                for worker in range(self._num_workers):
-                    self._send(worker, Forget(kept.pool_id))
-                return
-
-    def _pool_full(self) -> bool:
-        """Whether the segments kept and being made reach the plan."""
-        planned = len(self._retained) + len(self._creating)
-        if planned >= self._retain_cap:
-            return True
-        if self._retain_budget is None or not self._retained:
-            return False
-        largest = max(kept.pool.slot_bytes for kept in self._retained)
-        held = sum(kept.pool.slot_bytes for kept in self._retained)
-        return held + largest * (len(self._creating) + 1) > self._retain_budget
-
-    def _take_slot(self, task: int) -> tuple | None:
-        """The smallest free kept segment for `task`, as the worker needs it,
-        or None. A worker whose batch does not fit makes its own, and the
-        main process stops keeping the one that was too small."""
-        free = [kept for kept in self._retained if kept.pool.slots_in_use == 0]
-        if not free:
-            return None
-        kept = min(free, key=lambda k: k.pool.slot_bytes)
-        pool = kept.pool
-        slot_id = pool.acquire()
-        if slot_id is None:
-            return None
-        self._hoarding = False  # the consumer let a segment go
-        self._task_slot[(self._epoch, task)] = (pool, slot_id)
-        return SlotOffer(kept.pool_id, segment_reference(pool.segment), slot_id, pool.slot_bytes,
-                         pool.slot_offset(slot_id))  # fmt: skip
-
-    def _offer_slots(self) -> None:
-        for task, worker in list(self._unoffered.items()):
-            slot = self._take_slot(task)
-            if slot is None:
-                return
-            del self._unoffered[task]
-            self._send(worker, Offer(self._epoch, task, slot))
-
-    def _collect_pinned(self) -> None:
-        """Takes back the pinned segments whose device copies have run (their
-        slots become free for offers, or the segments are freed)."""
-        if self._fence is not None:
-            self._fence.collect()
-
-    def _release_retained(self) -> None:
-        """Frees the segments kept for reuse (those still viewed by a batch
-        are freed when it is dropped), as torch holds nothing between epochs.
-        Pinned segments whose copies have run go too (those the device still
-        reads go at the next call)."""
-        self._collect_pinned()
-        for kept in list(self._retained):
-            self._forget(kept.pool)
 
     def _check_workers(self, grace: bool) -> None:
         for worker_id, process in enumerate(self._workers):
@@ -658,11 +506,8 @@ class ProcessIterator:
         self._sender.close(timeout=5.0)
         for conn in (*self._task_conns, *self._result_conns):
             conn.close()
-        self._release_pending()
-        self._retained = []
+        self.batch_segments.close()
         self._attached_segments = []  # (the workers are gone)
-        self._unoffered = {}
-        self._collect_pinned()
 
     # torch's name, called by frameworks (e.g. to end a subclass's iterator)
     _shutdown_workers = shutdown
@@ -687,6 +532,16 @@ class _Stop:
 
     def __init__(self, worker: int) -> None:
         self.worker = worker
+
+
+def _sending_to(sender: TaskSender, task_conns: list[Any]) -> Any:
+    """A send(worker, message) that does not hold the iterator (no cycle:
+    an iterator dropped without the garbage collector still ends its workers)."""
+
+    def send(worker: int, message: Any) -> None:
+        sender.send(task_conns[worker], message)
+
+    return send
 
 
 _live_iterators: weakref.WeakSet[ProcessIterator] = weakref.WeakSet()
