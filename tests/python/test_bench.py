@@ -357,6 +357,38 @@ def test_scenario_run_keys_must_be_unique() -> None:
     assert scenario.loader("torch-4").threads == 4
 
 
+def test_samples_per_second_by_epoch() -> None:
+    from leanloader.bench.child import _per_epoch
+
+    # first batch (10 samples) at t=1; epoch 1 ends at t=3 with 50 samples,
+    # epoch 2 at t=7 with 90: 40 samples in 2 s, then 40 in 4 s (restart included)
+    assert _per_epoch([(3.0, 50), (7.0, 90)], 1.0, 10, 99.0) == [20.0, 10.0]
+    # an epoch of one batch has no time of its own: the whole run's rate
+    assert _per_epoch([(1.0, 10)], 1.0, 10, 99.0) == [99.0]
+
+
+def test_epoch_figures_have_medians_and_ratios() -> None:
+    arrays = get_scenario("arrays")
+    ours = LoaderRun(name="ours", function=arrays.loader("torch").function, threads=1)
+    theirs = LoaderRun(name="theirs", function=ours.function, threads=1)
+    scenario = Scenario(
+        name="epochs", description="", sizes=arrays.sizes, prepare=arrays.prepare,
+        loaders=(ours, theirs), ratios=(("ours", "theirs"),),
+    )  # fmt: skip
+    rows = [
+        {"epoch1_samples_per_s": 4.0, "epoch2_samples_per_s": 6.0},
+        {"epoch1_samples_per_s": 2.0},
+    ]
+    assert harness._epoch_figures(rows) == ["epoch1_samples_per_s"]
+    figures = {figure: 1.0 for figure in harness.RATIO_FIGURES}
+    results = [
+        {"loader": "ours", **figures, "epoch1_samples_per_s": 30.0, "epoch2_samples_per_s": 40.0},
+        {"loader": "theirs", **figures, "epoch1_samples_per_s": 20.0, "epoch2_samples_per_s": 50.0},
+    ]
+    ratios = harness._ratios(scenario, results)["ours/theirs"]
+    assert ratios["epoch1_samples_per_s"] == 1.5 and ratios["epoch2_samples_per_s"] == 0.8
+
+
 def test_memcpy_bandwidth_is_positive_and_checks_arguments() -> None:
     from leanloader import _core
 

@@ -16,6 +16,11 @@ Definitions (the harness quotes medians of these over rounds):
   that is not the loader's.
 - cpu_s: user + system CPU of this process and its reaped children (worker
   processes) from loader construction until the loader has shut down.
+- epoch_samples_per_s: for a run that yields EPOCH_END between epochs,
+  samples/s of each epoch: the first from its first batch in hand to its
+  last (as samples_per_s), each later one from the previous epoch's last
+  batch to its own last (the pass's restart included, as a training loop
+  sees it).
 - first_batch_wall, last_batch_wall: time.time() of the first and the last
   batch in hand, so that the parent's memory samples can be split into
   start-up and steady state.
@@ -45,7 +50,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from leanloader import _core
-from leanloader.bench.scenarios import LoaderContext, get_scenario
+from leanloader.bench.scenarios import EPOCH_END, LoaderContext, get_scenario
 
 
 def touch_batch(batch: Any) -> tuple[int, int]:
@@ -139,7 +144,12 @@ def run_loader(scenario_name: str, run_key: str, params: dict[str, Any]) -> dict
     first_samples = first_bytes = 0
     # (wall time, samples so far) after each batch: the run's timeline.
     progress: list[tuple[float, int]] = []
+    # (time, samples so far) at the last batch of each epoch.
+    epoch_ends: list[tuple[float, int]] = []
     for batch in run.function(context):
+        if batch is EPOCH_END:
+            epoch_ends.append((last_batch_at, samples))
+            continue
         batch_samples, batch_bytes = touch_batch(batch)
         del batch  # lets a loader reuse the batch's memory before the next one
         last_batch_at = time.perf_counter()
@@ -168,7 +178,7 @@ def run_loader(scenario_name: str, run_key: str, params: dict[str, Any]) -> dict
         # One batch only: the best estimate is the whole run.
         steady_s = last_batch_at - start
         steady_samples, steady_bytes = samples, total_bytes
-    return {
+    figures: dict[str, Any] = {
         "loader": run.name,
         "batches": batches,
         "samples": samples,
@@ -185,6 +195,27 @@ def run_loader(scenario_name: str, run_key: str, params: dict[str, Any]) -> dict
         "cpu_s_per_1k_samples": cpu_s / samples * 1000.0,
         "progress": _thin(progress),
     }
+    if epoch_ends:
+        if epoch_ends[-1][1] != samples:
+            epoch_ends.append((last_batch_at, samples))
+        figures["epoch_samples_per_s"] = _per_epoch(
+            epoch_ends, first_batch_at, first_samples, steady_samples / steady_s
+        )
+    return figures
+
+
+def _per_epoch(
+    ends: list[tuple[float, int]], first_at: float, first_samples: int, whole_rate: float
+) -> list[float]:
+    """Samples/s of each epoch, from the (time, samples so far) at the end
+    of each: the first epoch from its first batch in hand, each later one
+    from the previous epoch's end."""
+    rates = []
+    since, counted = first_at, first_samples
+    for at, samples in ends:
+        rates.append((samples - counted) / (at - since) if at > since else whole_rate)
+        since, counted = at, samples
+    return rates
 
 
 def _thin(points: list[tuple[float, int]], limit: int = 2000) -> list[tuple[float, int]]:

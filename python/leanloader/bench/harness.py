@@ -197,6 +197,8 @@ def run_scenario(
             if timeline is not None and run.run_key not in timelines:
                 timelines[run.run_key] = timeline  # the first round's memory pass
             figures = {**memory, **{key: timing[key] for key in TIMING_FIGURES}}
+            for epoch, rate in enumerate(timing.get("epoch_samples_per_s", ()), start=1):
+                figures[f"epoch{epoch}_samples_per_s"] = rate
             figures["samples"] = timing["samples"]
             figures_by_run[run.run_key].append(figures)
             order[-1].append(run.run_key)
@@ -219,7 +221,7 @@ def run_scenario(
         result["threads"] = run.threads
         result["rounds"] = len(rows)
         result["samples"] = rows[0]["samples"]
-        for figure in MEDIAN_FIGURES:
+        for figure in (*MEDIAN_FIGURES, *_epoch_figures(rows)):
             result[figure] = statistics.median(row[figure] for row in rows)
         result["memcpy_bytes_per_s"] = memcpy
         result["fraction_of_memcpy"] = result["bytes_per_s"] / memcpy
@@ -485,11 +487,20 @@ def _ratios(scenario: Scenario, results: list[dict[str, Any]]) -> dict[str, dict
         if numerator not in by_key or denominator not in by_key:
             continue  # a run was skipped
         top, bottom = by_key[numerator], by_key[denominator]
+        both = [figure for figure in _epoch_figures([top, bottom])]
         ratios[f"{numerator}/{denominator}"] = {
             figure: (top[figure] / bottom[figure] if bottom[figure] else float("inf"))
-            for figure in RATIO_FIGURES
+            for figure in (*RATIO_FIGURES, *both)
         }
     return ratios
+
+
+def _epoch_figures(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The per-epoch samples/s figures every one of `rows` has."""
+    if not rows:
+        return []
+    names = [name for name in rows[0] if name.startswith("epoch") and name.endswith("_per_s")]
+    return [name for name in names if all(name in row for row in rows)]
 
 
 def _check_goals(
@@ -603,6 +614,11 @@ def format_report(report: Mapping[str, Any]) -> str:
             if figure not in RATIO_FIGURES:
                 derived.append(f"{name} {figure}: {value:.3f}")
     lines.extend(format_table(table))
+    for result in report["results"]:
+        per_epoch = [f"{result[name]:,.0f}" for name in _epoch_figures([result])]
+        if per_epoch:
+            derived.insert(0, f"{result.get('key', result['loader'])} samples/s by epoch: "
+                           + ", ".join(per_epoch))  # fmt: skip
     lines.extend(derived)
     lines.append(
         "unreclaimable = Pss_Anon + Pss_Shmem + shared memory held by descriptors and not "

@@ -52,8 +52,19 @@ class LoaderContext:
 # A loader function builds its loader (inside the generator, so that
 # construction counts towards time to first batch), yields every batch of the
 # measured run, and shuts its loader down (workers joined) before returning, so
-# that their CPU time is counted.
+# that their CPU time is counted. A function that runs several epochs yields
+# EPOCH_END after each, and the child reports samples/s per epoch besides.
 LoaderFunction = Callable[[LoaderContext], Iterator[Any]]
+
+
+class _EpochEnd:
+    """What a loader function yields between epochs (not a batch)."""
+
+    def __repr__(self) -> str:
+        return "EPOCH_END"
+
+
+EPOCH_END = _EpochEnd()
 
 
 @dataclass(frozen=True)
