@@ -146,10 +146,9 @@ void bind_process(nb::module_& m) {
   m.def(
       "shared_copy",
       [](uintptr_t address, size_t bytes, SharedArena& arena, bool share_pages) {
-        // The GIL stays held; callers pass share_pages only when no other
-        // thread may be writing the block (one that released the GIL in a
-        // NumPy or torch loop would lose the writes landing between the copy
-        // and the mapping of their page: shared_copy.h).
+        // The GIL stays held (no Python thread can free the block meanwhile);
+        // a thread writing the block without it (a NumPy or torch loop) waits
+        // while a chunk's pages change hands (src/workers/held_writes.h).
         const SharedCopy copy =
             make_shared_copy(reinterpret_cast<void*>(address), bytes, arena,
                              share_pages ? PageSharing::kWhereSafe : PageSharing::kOff);

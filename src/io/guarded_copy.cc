@@ -6,6 +6,8 @@
 #include <cstring>
 #include <mutex>
 
+#include "core/signal_chain.h"
+
 namespace leanloader::detail {
 
 namespace {
@@ -24,30 +26,10 @@ void on_sigbus(int signal_number, siginfo_t* info, void* context) {
     t_guarded_copy = nullptr;
     siglongjmp(*jump, 1);  // SA_NODEFER: SIGBUS was not blocked, nothing to unblock
   }
-  // Not ours: what would have happened without this handler.
-  if (g_previous.sa_flags & SA_SIGINFO) {
-    g_previous.sa_sigaction(signal_number, info, context);
-    return;
-  }
-  if (g_previous.sa_handler != SIG_DFL && g_previous.sa_handler != SIG_IGN) {
-    g_previous.sa_handler(signal_number);
-    return;
-  }
-  // The default action: restore it; the faulting access runs again and the
-  // kernel delivers SIGBUS with its default disposition (a core dump).
-  struct sigaction default_action {};
-  default_action.sa_handler = SIG_DFL;
-  sigemptyset(&default_action.sa_mask);
-  sigaction(SIGBUS, &default_action, nullptr);
+  forward_to_previous(g_previous, signal_number, info, context);  // not ours
 }
 
-void install_handler() {
-  struct sigaction action {};
-  action.sa_sigaction = &on_sigbus;
-  sigemptyset(&action.sa_mask);
-  action.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK;
-  sigaction(SIGBUS, &action, &g_previous);
-}
+void install_handler() { install_chained_handler(SIGBUS, &on_sigbus, &g_previous); }
 
 }  // namespace
 

@@ -21,6 +21,7 @@
 #include "io/proc_maps.h"
 #include "leanloader/core/checked_size.h"
 #include "leanloader/core/error.h"
+#include "workers/held_writes.h"
 
 namespace leanloader {
 
@@ -227,15 +228,23 @@ SharedCopy make_shared_copy(void* source, size_t bytes, SharedArena& arena, Page
   for (size_t from = copy.offset; from < *segment_bytes;) {
     const size_t to = std::min(*segment_bytes, (from / kChunkBytes + 1) * kChunkBytes);
     segment.reserve(from, to - from);
-    std::memcpy(segment.data() + from, reinterpret_cast<const std::byte*>(base + from), to - from);
     const size_t map_from = std::max(from, shared_from);
     const size_t map_to = std::min(to, shared_to);
+    // Another thread's write to these pages waits from before their copy
+    // until they are mapped from it (held_writes.h): none is lost.
+    std::optional<detail::HeldWrites> hold;
+    if (share && map_from < map_to) {
+      hold.emplace(base + map_from, map_to - map_from);
+      share = hold->held();
+    }
+    std::memcpy(segment.data() + from, reinterpret_cast<const std::byte*>(base + from), to - from);
     if (share && map_from < map_to) {
       void* mapped = ::mmap(reinterpret_cast<void*>(base + map_from), map_to - map_from,
                             PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, segment.fd(),
                             static_cast<off_t>(segment.file_offset() + map_from));
       if (mapped == MAP_FAILED) {
         share = false;  // the rest keeps its own pages
+        hold->restore_write_access();
         restore_if_unmapped(base + map_from, map_to - map_from, segment.data() + map_from);
       } else {
         map_page_tables(base + map_from, map_to - map_from);

@@ -131,7 +131,7 @@ class Counters(Dataset):
 def test_no_write_of_another_thread_is_lost_while_loaders_share_the_dataset():
     # A thread adds 1 to every element, again and again (NumPy and torch
     # release the GIL inside the loop), while loaders start and share the
-    # arrays: every increment must land.
+    # arrays, their pages included: every increment must land.
     dataset = Counters()
     stop = threading.Event()
     rounds = [0]
@@ -151,6 +151,8 @@ def test_no_write_of_another_thread_is_lost_while_loaders_share_the_dataset():
         for _ in range(10):
             loader.setup_bytes()  # what each pass's iter() sends its workers
         assert len(next(iter(loader))) == 4
+        # the pages were shared while the thread wrote (no second copy)
+        assert loader.dataset_sharing().shared_page_bytes >= 2 * 32 * MIB
     finally:
         stop.set()
         thread.join()

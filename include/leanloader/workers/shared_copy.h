@@ -61,8 +61,9 @@ enum class PageSharing {
 // Copies `bytes` (> 0) bytes at `source` into a new segment of `arena` and, with kWhereSafe, maps
 // the source's pages from it where the rules above allow. Contract: with kWhereSafe, `source` must
 // be the pointer the allocator returned for the block (NumPy: an array that owns its data; torch: a
-// resizable storage's data pointer), and no other thread may write the block while this runs (a
-// write between the copy and the mapping of its page would be lost; Python callers hold the GIL).
+// resizable storage's data pointer). Other threads may write the block meanwhile: each chunk is
+// read-only from before its copy until it is mapped from the copy, and a write to it waits for
+// that (src/workers/held_writes.h), so that no write is lost.
 // Throws IoError (ENOSPC names the directory and its free space); the source keeps its bytes
 // whatever happens.
 SharedCopy make_shared_copy(void* source, size_t bytes, SharedArena& arena, PageSharing sharing);

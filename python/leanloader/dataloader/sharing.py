@@ -8,10 +8,11 @@ time it is pickled and reused by later passes only while the array still
 holds the copy's bytes (a pass sees what the main process wrote before it,
 as torch's workers do; persistent workers keep what they received, as
 torch's). Where the array's memory is a whole block that glibc's malloc
-mapped on its own (NumPy's and torch's large arrays) and no other thread
-may be writing it, the array's pages are then mapped from the copy,
-copy-on-write (``_core.shared_copy``, src/workers/shared_copy.cc): the same
-bytes at the same addresses, and one copy in all instead of two.
+mapped on its own (NumPy's and torch's large arrays), the array's pages are
+then mapped from the copy, copy-on-write (``_core.shared_copy``,
+src/workers/shared_copy.cc): the same bytes at the same addresses, and one
+copy in all instead of two. Other threads writing the array meanwhile wait
+while each chunk's pages change hands (src/workers/held_writes.h).
 ``share_in_place=True`` instead moves the arrays (attributes replaced by
 equal arrays backed by shared memory) and tensors (their storage moved, as
 ``Tensor.share_memory_()``) of the dataset itself: its later writes are
@@ -45,29 +46,6 @@ from leanloader.dataloader.worker import identity
 # LEANLOADER_SHARE_PAGES=0: shared copies never take the dataset's pages (two
 # copies of each large array, the user's and the workers').
 SHARE_PAGES = os.environ.get("LEANLOADER_SHARE_PAGES", "1") != "0"
-
-
-def _page_sharing_safe() -> bool:
-    """True when taking an array's pages cannot lose a write: no Python
-    thread but this one and those that never write arrays (leanloader's own,
-    multiprocessing's queue feeders) is alive. A thread inside a NumPy or torch loop
-    runs without the GIL, and a write of its landing between the copy of a
-    page and its mapping from the copy would be lost; with such threads
-    about, the copy is a plain copy (the dataset keeps its own pages)."""
-    import threading
-
-    current = threading.current_thread()
-    return all(
-        thread is current or not thread.is_alive() or _never_writes_arrays(thread)
-        for thread in threading.enumerate()
-    )
-
-
-def _never_writes_arrays(thread: Any) -> bool:
-    """Threads known to read objects at most: leanloader's own, and
-    multiprocessing's queue feeders (each torch DataLoader iterator leaves one
-    behind: it pickles what is put in a queue and writes it to a pipe)."""
-    return thread.name.startswith("leanloader-") or thread.name == "QueueFeederThread"
 
 
 class _Copy:
@@ -217,8 +195,9 @@ class DatasetSharing:
         """A shared copy of the block at `address` (the pointer its allocator
         returned) whose pages the block then shares where that is safe:
         (segment, offset of the copy in it)."""
-        share = SHARE_PAGES and _page_sharing_safe()
-        segment, offset, shared = _core.shared_copy(address, nbytes, self._arena_now(), share)
+        # Other threads may write the block meanwhile: their writes wait
+        # while a chunk's pages change hands (src/workers/held_writes.h).
+        segment, offset, shared = _core.shared_copy(address, nbytes, self._arena_now(), SHARE_PAGES)
         self.shared_page_bytes += shared
         return segment, offset
 

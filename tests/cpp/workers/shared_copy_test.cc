@@ -11,13 +11,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <csignal>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "leanloader/core/error.h"
 #include "test_util.h"
@@ -147,6 +151,71 @@ TEST(SharedCopyTest, AMallocMappedBlockIsMappedFromItsCopyWithoutASecondCopy) {
   EXPECT_EQ(mapping_of(reinterpret_cast<const void*>(middle)).find("leanloader-"),
             std::string::npos);
   EXPECT_TRUE(has_pattern(copy.segment->data() + copy.offset, bytes, 2));
+}
+
+TEST(SharedCopyTest, NoWriteOfAnotherThreadIsLostWhileThePagesAreMapped) {
+  // A thread adds 1 to every word, pass after pass, while the block's pages
+  // are copied and mapped from the copy. A write landing on a page after its
+  // copy and before its mapping would be lost; held writes wait instead.
+  if (const std::string why = allocator_refusal(); !why.empty()) GTEST_SKIP() << why;
+  const size_t words = (200 << 20) / sizeof(uint64_t);  // four chunks
+  auto* block = static_cast<uint64_t*>(std::calloc(words, sizeof(uint64_t)));
+  ASSERT_NE(block, nullptr);
+  std::atomic<bool> stop{false};
+  std::atomic<size_t> passes{0};
+  std::atomic<size_t> stopped_at{words};
+  std::thread writer([&] {
+    for (;;) {
+      for (size_t i = 0; i < words; ++i) {
+        if ((i & 4095) == 0 && stop.load(std::memory_order_relaxed)) {
+          stopped_at = i;
+          return;
+        }
+        volatile uint64_t* word = block + i;
+        *word = *word + 1;
+      }
+      passes.fetch_add(1);
+    }
+  });
+  while (passes.load() == 0) std::this_thread::yield();  // the writer is well under way
+  std::vector<SharedCopy> copies;  // shared again and again: each time the writer is at work
+  for (int i = 0; i < 4; ++i) {
+    copies.push_back(
+        make_shared_copy(block, words * sizeof(uint64_t), "", PageSharing::kWhereSafe));
+  }
+  const size_t passes_during = passes.load();
+  while (passes.load() < passes_during + 1) std::this_thread::yield();
+  stop = true;
+  writer.join();
+  for (const SharedCopy& copy : copies) EXPECT_GT(copy.shared_bytes, 0u);
+  size_t lost = 0;
+  for (size_t i = 0; i < words; ++i) {
+    lost += block[i] != passes.load() + (i < stopped_at.load() ? 1 : 0);
+  }
+  EXPECT_EQ(lost, 0u) << "of " << words << " words, after " << passes.load() << " passes";
+  std::free(block);
+}
+
+TEST(SharedCopyTest, FaultsOutsideAHeldRangeStillReachTheEarlierHandler) {
+  // A write to read-only memory that no copy holds is still a SIGSEGV for
+  // whatever handled it before (here: the default action, in a child).
+  if (const std::string why = allocator_refusal(); !why.empty()) GTEST_SKIP() << why;
+  const size_t bytes = 64 << 20;
+  void* block = std::calloc(bytes, 1);
+  ASSERT_NE(block, nullptr);
+  SharedCopy copy = make_shared_copy(block, bytes, "", PageSharing::kWhereSafe);  // installs ours
+  ASSERT_GT(copy.shared_bytes, 0u);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    void* page = ::mmap(nullptr, kPage, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    *static_cast<volatile int*>(page) = 1;
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV) << status;
+  std::free(block);
 }
 
 TEST(SharedCopyTest, ASharedBlockCanBeSharedAgainAndReallocatedAndFreed) {
