@@ -429,6 +429,85 @@ def test_install_after_the_framework_import_re_bases_its_loaders():
     )
 
 
+OPTIONS_SCRIPT = textwrap.dedent(
+    """
+    import os
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+
+    class Pids(Dataset):                         # which process ran __getitem__
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return torch.tensor([os.getpid(), os.getppid()])
+
+
+    def parents(loader):
+        return sorted({("main" if pid == os.getpid() else "child-of-main"
+                        if parent == os.getpid() else "elsewhere")
+                       for pid, parent in torch.cat(list(loader)).tolist()})
+
+
+    if __name__ == "__main__":
+        framework = DataLoader(Pids(), batch_size=1, num_workers=2)   # code one does not edit
+        explicit = DataLoader(Pids(), batch_size=1, num_workers=2, worker_mode="process",
+                              multiprocessing_context="spawn")
+        print(framework.worker_mode, framework.share_threshold, parents(framework))
+        print(explicit.worker_mode, explicit.share_threshold, parents(explicit))
+        print(os.environ.get("LEANLOADER_OPTIONS"))
+    """
+)
+
+
+def test_install_options_reach_loaders_built_by_code_one_does_not_edit(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(OPTIONS_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if k != "LEANLOADER_OPTIONS"}
+    command = [sys.executable, "-m", "leanloader.run", "--set", "worker_mode=thread",
+               "--set", "share_threshold=4096", str(script)]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines() == [
+        "thread 4096 ['main']",  # the defaults set by --set
+        "process 4096 ['child-of-main']",  # what the code passes wins (spawn: our children)
+        "worker_mode=thread,share_threshold=4096",  # what child interpreters inherit
+    ], result.stdout
+    # The environment, read by the install of a child interpreter: fork asked
+    # for there (workers are the main's children; the default fork server's
+    # are not).
+    env.update(LEANLOADER_INSTALL="1", LEANLOADER_OPTIONS="multiprocessing_context=fork")
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                            timeout=300, env=env)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines()[0] == "process 1048576 ['child-of-main']", result.stdout
+    env.pop("LEANLOADER_OPTIONS")
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                            timeout=300, env=env)  # fmt: skip
+    assert result.stdout.splitlines()[0] == "process 1048576 ['elsewhere']", result.stdout
+
+
+def test_install_options_are_checked(monkeypatch):
+    try:
+        with pytest.raises(TypeError, match=r"unknown ll\.DataLoader option 'workers'"):
+            ll.install(workers=3)
+        with pytest.raises(ValueError, match="worker_mode must be 'process' or 'thread'"):
+            ll.install(worker_mode="threads")
+        with pytest.raises(TypeError, match="share_threshold must be int"):
+            ll.install(share_threshold="big")
+        monkeypatch.setenv("LEANLOADER_OPTIONS", "worker_mode")
+        with pytest.raises(ValueError, match="LEANLOADER_OPTIONS: 'worker_mode' is not name=value"):
+            ll.install()
+        monkeypatch.setenv("LEANLOADER_OPTIONS", "worker_mode=thread,share_in_place=true")
+        ll.install(share_in_place=False)  # an argument wins over the environment
+        loader = torch.utils.data.DataLoader(Numbers(4), batch_size=2, num_workers=1)
+        assert (loader.worker_mode, loader.share_in_place) == ("thread", False)
+    finally:
+        ll.uninstall()
+    assert ll.DataLoader(Numbers(4)).worker_mode == "process"  # gone with uninstall
+
+
 FD_LIMIT_SCRIPT = textwrap.dedent(
     """
     import resource, sys

@@ -19,6 +19,7 @@ except ImportError:  # pragma: no cover - exercised without torch only
     ) from None
 
 from leanloader.dataloader import state as loader_state
+from leanloader.dataloader.options import option
 from leanloader.dataloader.pin import pin_setup, pinned, stop_previous_pass
 from leanloader.dataloader.process_iter import ProcessIterator
 from leanloader.dataloader.script_guard import refuse_unguarded_main
@@ -34,7 +35,6 @@ FORK_REFUSED = (
     "default) or 'spawn', create the loader's workers before the first GPU call, or pass "
     "force_fork=True to fork anyway."
 )
-DEFAULT_WARN_COPY_BYTES = 64 << 20
 # How workers start when multiprocessing_context is None (see DataLoader._context).
 DEFAULT_START_METHOD = "forkserver"
 
@@ -67,7 +67,11 @@ class DataLoader(_TorchDataLoader[_T_co]):
     (a tmpfs directory for shared memory; default ``$LEANLOADER_SHM_DIR``,
     else anonymous shared memory (memfd), which no /dev/shm size limits), ``warn_copy_bytes`` (warn
     once when each worker would receive more than this many pickled bytes of
-    dataset).
+    dataset). Each is None by default: what ``ll.install(**options)`` set
+    (``dataloader/options.py``), else ``worker_mode="process"``,
+    ``force_fork=False``, ``share_threshold=1 MiB``, ``share_in_place=False``,
+    ``warn_copy_bytes=64 MiB``; ``multiprocessing_context=None`` too takes an
+    installed default.
     """
 
     def __init__(
@@ -90,13 +94,17 @@ class DataLoader(_TorchDataLoader[_T_co]):
         persistent_workers: bool = False,
         pin_memory_device: str = "",
         in_order: bool = True,
-        worker_mode: str = "process",
-        force_fork: bool = False,
-        share_threshold: int = 1 << 20,
-        share_in_place: bool = False,
+        worker_mode: str | None = None,
+        force_fork: bool | None = None,
+        share_threshold: int | None = None,
+        share_in_place: bool | None = None,
         shm_dir: str | None = None,
-        warn_copy_bytes: int = DEFAULT_WARN_COPY_BYTES,
+        warn_copy_bytes: int | None = None,
     ) -> None:
+        # None: what ll.install(**options) set (dataloader/options.py), else
+        # the documented default.
+        worker_mode = option("worker_mode", worker_mode)
+        multiprocessing_context = option("multiprocessing_context", multiprocessing_context)
         if worker_mode not in ("process", "thread"):
             raise ValueError(f"worker_mode must be 'process' or 'thread', got {worker_mode!r}")
         self._progress = loader_state.PassProgress()
@@ -107,12 +115,12 @@ class DataLoader(_TorchDataLoader[_T_co]):
             prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
             pin_memory_device=pin_memory_device, in_order=in_order,
         )  # fmt: skip
-        self.force_fork = force_fork
+        self.force_fork = option("force_fork", force_fork)
         self._refuse_fork()
-        self.share_threshold = share_threshold
-        self.share_in_place = share_in_place
-        self.shm_dir = shm_dir
-        self.warn_copy_bytes = warn_copy_bytes
+        self.share_threshold = option("share_threshold", share_threshold)
+        self.share_in_place = option("share_in_place", share_in_place)
+        self.shm_dir = option("shm_dir", shm_dir)
+        self.warn_copy_bytes = option("warn_copy_bytes", warn_copy_bytes)
         self._sharing: Any = None
         self._warned_copy = False
 

@@ -25,6 +25,11 @@ affected and what is not:
 ``uninstall()`` puts torch's class back, and the names and bases install()
 changed (loaders made in between stay leanloader's).
 
+``install(**options)`` sets defaults for ll.DataLoader's own options in
+every loader built while installed (``worker_mode="thread"``,
+``multiprocessing_context="fork"``...: ``dataloader/options.py``), as do
+``LEANLOADER_OPTIONS`` and ``python -m leanloader.run --set name=value``.
+
 ``LEANLOADER_INSTALL=1`` in the environment installs in every Python process
 that imports torch's DataLoader, child interpreters of torchrun or a
 framework's DDP launcher included (``leanloader_install.pth``, installed with
@@ -36,6 +41,8 @@ from __future__ import annotations
 import sys
 import warnings
 from typing import Any
+
+from leanloader.dataloader.options import clear_defaults, from_environment, set_defaults
 
 _original: Any = None
 # What install() changed besides torch's two names, for uninstall().
@@ -83,13 +90,20 @@ def _adopt_existing(torch_class: type, ours: type) -> None:
                 _rebound.append((module, attribute))
 
 
-def install() -> None:
-    """Replaces torch.utils.data.DataLoader by ll.DataLoader (idempotent)."""
+def install(**options: Any) -> None:
+    """Replaces torch.utils.data.DataLoader by ll.DataLoader (idempotent).
+    `options` (and LEANLOADER_OPTIONS, which they override) become the
+    defaults of ll.DataLoader's own options for every loader built while
+    installed: worker_mode, force_fork, share_threshold, share_in_place,
+    shm_dir, warn_copy_bytes, multiprocessing_context (a start method's
+    name); see dataloader/options.py. A later call replaces them."""
     global _original
     import torch.utils.data
     import torch.utils.data.dataloader
 
     from leanloader.dataloader.front import DataLoader, _TorchDataLoader
+
+    set_defaults({**from_environment(), **options})
 
     if _original is None:
         _original = _TorchDataLoader
@@ -101,6 +115,7 @@ def install() -> None:
 def uninstall() -> None:
     """Puts torch's own DataLoader back (idempotent)."""
     global _original
+    clear_defaults()
     if _original is None:
         return
     import torch.utils.data
