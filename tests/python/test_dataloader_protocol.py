@@ -457,6 +457,7 @@ OPTIONS_SCRIPT = textwrap.dedent(
         print(framework.worker_mode, framework.share_threshold, parents(framework))
         print(explicit.worker_mode, explicit.share_threshold, parents(explicit))
         print(os.environ.get("LEANLOADER_OPTIONS"))
+        print(len(list(DataLoader(Pids(), batch_size=2))))  # no workers: no start method
     """
 )
 
@@ -473,6 +474,7 @@ def test_install_options_reach_loaders_built_by_code_one_does_not_edit(tmp_path)
         "thread 4096 ['main']",  # the defaults set by --set
         "process 4096 ['child-of-main']",  # what the code passes wins (spawn: our children)
         "worker_mode=thread,share_threshold=4096",  # what child interpreters inherit
+        "2",
     ], result.stdout
     # The environment, read by the install of a child interpreter: fork asked
     # for there (workers are the main's children; the default fork server's
@@ -482,6 +484,7 @@ def test_install_options_reach_loaders_built_by_code_one_does_not_edit(tmp_path)
                             timeout=300, env=env)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.splitlines()[0] == "process 1048576 ['child-of-main']", result.stdout
+    assert result.stdout.splitlines()[3] == "2", result.stdout
     env.pop("LEANLOADER_OPTIONS")
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                             timeout=300, env=env)  # fmt: skip

@@ -105,7 +105,10 @@ class DataLoader(_TorchDataLoader[_T_co]):
         # None: what ll.install(**options) set (dataloader/options.py), else
         # the documented default.
         worker_mode = option("worker_mode", worker_mode)
-        multiprocessing_context = option("multiprocessing_context", multiprocessing_context)
+        if num_workers > 0 and worker_mode == "process":
+            # (torch refuses a context without workers: an installed start
+            # method is for loaders that start processes)
+            multiprocessing_context = option("multiprocessing_context", multiprocessing_context)
         if worker_mode not in ("process", "thread"):
             raise ValueError(f"worker_mode must be 'process' or 'thread', got {worker_mode!r}")
         self._progress = loader_state.PassProgress()
