@@ -376,8 +376,9 @@ def test_epoch_figures_have_medians_and_ratios() -> None:
         loaders=(ours, theirs), ratios=(("ours", "theirs"),),
     )  # fmt: skip
     rows = [
-        {"epoch1_samples_per_s": 4.0, "epoch2_samples_per_s": 6.0},
-        {"epoch1_samples_per_s": 2.0},
+        # (the child's list of rates rides along: not a figure)
+        {"epoch1_samples_per_s": 4.0, "epoch2_samples_per_s": 6.0, "epoch_samples_per_s": [4, 6]},
+        {"epoch1_samples_per_s": 2.0, "epoch_samples_per_s": [2.0]},
     ]
     assert harness._epoch_figures(rows) == ["epoch1_samples_per_s"]
     figures = {figure: 1.0 for figure in harness.RATIO_FIGURES}

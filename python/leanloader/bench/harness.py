@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -495,11 +496,14 @@ def _ratios(scenario: Scenario, results: list[dict[str, Any]]) -> dict[str, dict
     return ratios
 
 
+_EPOCH_FIGURE = re.compile(r"epoch[0-9]+_samples_per_s")
+
+
 def _epoch_figures(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """The per-epoch samples/s figures every one of `rows` has."""
     if not rows:
         return []
-    names = [name for name in rows[0] if name.startswith("epoch") and name.endswith("_per_s")]
+    names = [name for name in rows[0] if _EPOCH_FIGURE.fullmatch(name)]
     return [name for name in names if all(name in row for row in rows)]
 
 
