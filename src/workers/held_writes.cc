@@ -1,5 +1,6 @@
 #include "workers/held_writes.h"
 
+#include <pthread.h>
 #include <sched.h>
 #include <sys/mman.h>
 
@@ -58,7 +59,23 @@ void on_sigsegv(int signal_number, siginfo_t* info, void* context) {
   forward_to_previous(g_previous, signal_number, info, context);  // not ours
 }
 
-void install_handler() { install_chained_handler(SIGSEGV, &on_sigsegv, &g_previous); }
+// A child forked by another thread during a hold has the held range
+// read-only and nothing that would ever end the hold there: its own pages
+// (not replaced in the child) get their write access back.
+void end_hold_in_child() {
+  const uintptr_t start = g_held_start.load(std::memory_order_acquire);
+  const uintptr_t end = g_held_end.load(std::memory_order_acquire);
+  if (start != 0 && end > start) {
+    ::mprotect(reinterpret_cast<void*>(start), end - start, PROT_READ | PROT_WRITE);
+  }
+  g_held_end.store(0, std::memory_order_release);
+  g_held_start.store(0, std::memory_order_release);
+}
+
+void install_handler() {
+  install_chained_handler(SIGSEGV, &on_sigsegv, &g_previous);
+  ::pthread_atfork(nullptr, nullptr, &end_hold_in_child);
+}
 
 }  // namespace
 

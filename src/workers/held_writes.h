@@ -9,7 +9,9 @@
 // core/signal_chain.h) holds that thread until the hold ends, then lets the
 // write run again, on the new pages. Writes are delayed by one chunk's copy
 // at most, never lost. Faults outside a held range, or not caused by the
-// protection, go to the earlier handler as if ours were not there.
+// protection, go to the earlier handler as if ours were not there. A child
+// forked by another thread during a hold gets write access to the range
+// back at once (pthread_atfork): nothing would end the hold there.
 //
 // Limits: a write by the kernel on a thread's behalf (read(2) into the
 // array) fails with EFAULT instead of waiting; Python's faulthandler enabled

@@ -25,6 +25,7 @@
 
 #include "leanloader/core/error.h"
 #include "test_util.h"
+#include "workers/held_writes.h"
 
 namespace leanloader {
 namespace {
@@ -216,6 +217,32 @@ TEST(SharedCopyTest, FaultsOutsideAHeldRangeStillReachTheEarlierHandler) {
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV) << status;
   std::free(block);
+}
+
+TEST(SharedCopyTest, AChildForkedDuringAHoldCanWriteTheRange) {
+  // Another thread may fork while a chunk is held: the child's copy of the
+  // range must be writable (nothing ends the hold there), not a wait forever.
+  void* range =
+      ::mmap(nullptr, 16 * kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(range, MAP_FAILED);
+  pid_t child = -1;
+  {
+    detail::HeldWrites hold(reinterpret_cast<uintptr_t>(range), 16 * kPage);
+    ASSERT_TRUE(hold.held());
+    child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      ::alarm(10);  // a hang becomes SIGALRM
+      static_cast<volatile char*>(range)[5 * kPage] = 1;
+      ::_exit(static_cast<volatile char*>(range)[5 * kPage] == 1 ? 0 : 3);
+    }
+    hold.restore_write_access();  // (here the pages are not replaced: keep them)
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  static_cast<volatile char*>(range)[5 * kPage] = 2;  // writable here too once released
+  ::munmap(range, 16 * kPage);
 }
 
 TEST(SharedCopyTest, ASharedBlockCanBeSharedAgainAndReallocatedAndFreed) {
