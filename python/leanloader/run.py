@@ -18,33 +18,36 @@ USAGE = (
 )
 
 
+def _usage_error() -> None:
+    print(USAGE, file=sys.stderr)
+    raise SystemExit(2)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
-        print(USAGE, file=sys.stderr)
-        raise SystemExit(2)
+        _usage_error()
     import leanloader
-    from leanloader.dataloader.options import ENVIRONMENT_VARIABLE, format_options, parse
+    from leanloader.dataloader.options import (
+        ENVIRONMENT_VARIABLE,
+        format_options,
+        from_environment,
+        parse,
+    )
 
     options: dict = {}
     while args and args[0] == "--set":
         if len(args) < 2:
-            print(USAGE, file=sys.stderr)
-            raise SystemExit(2)
+            _usage_error()
         options.update(parse(args[1], "--set"))
         args = args[2:]
-    if not args:
-        print(USAGE, file=sys.stderr)
-        raise SystemExit(2)
+    if not args or (args[0] == "-m" and len(args) < 2):
+        _usage_error()
     if options:
         # child interpreters (torchrun, DDP launchers) that install get them too
-        inherited = parse(os.environ.get(ENVIRONMENT_VARIABLE, ""), ENVIRONMENT_VARIABLE)
-        os.environ[ENVIRONMENT_VARIABLE] = format_options({**inherited, **options})
+        os.environ[ENVIRONMENT_VARIABLE] = format_options({**from_environment(), **options})
     leanloader.install(**options)
     if args[0] == "-m":
-        if len(args) < 2:
-            print(USAGE, file=sys.stderr)
-            raise SystemExit(2)
         sys.argv = args[1:]
         runpy.run_module(args[1], run_name="__main__", alter_sys=True)
         return

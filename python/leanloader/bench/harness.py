@@ -488,10 +488,9 @@ def _ratios(scenario: Scenario, results: list[dict[str, Any]]) -> dict[str, dict
         if numerator not in by_key or denominator not in by_key:
             continue  # a run was skipped
         top, bottom = by_key[numerator], by_key[denominator]
-        both = [figure for figure in _epoch_figures([top, bottom])]
         ratios[f"{numerator}/{denominator}"] = {
             figure: (top[figure] / bottom[figure] if bottom[figure] else float("inf"))
-            for figure in (*RATIO_FIGURES, *both)
+            for figure in (*RATIO_FIGURES, *_epoch_figures([top, bottom]))
         }
     return ratios
 

@@ -54,10 +54,6 @@ def option(name: str, passed: Any) -> Any:
     return _installed.get(name, BUILT_IN[name])
 
 
-def installed_options() -> dict[str, Any]:
-    return dict(_installed)
-
-
 def set_defaults(options: Mapping[str, Any]) -> None:
     """Validates `options` and makes them the installed defaults (replacing
     earlier ones)."""

@@ -116,6 +116,8 @@ class ProcessIterator:
         # Every message to a worker goes through this thread (never a
         # blocking write from here: see task_sender.py).
         self._sender = TaskSender("leanloader-task-sender")
+        # send(worker, message), through the sender (a dead worker: _check_workers)
+        self._send = _sending_to(self._sender, self._task_conns)
         # Which shared segment each batch is written into (batch_segments.py);
         # pin_memory=True on a GPU: segments are page-locked as they arrive,
         # and a dropped batch's segment is fenced until the device's copies
@@ -125,7 +127,7 @@ class ProcessIterator:
             self._prefetch,
             getattr(loader, "memory_budget", None),
             in_place_pinning(loader),
-            _sending_to(self._sender, self._task_conns),
+            self._send,
         )
         self._start_workers(loader, setup, shared_seed)
         if self._datapipe:
@@ -351,8 +353,8 @@ class ProcessIterator:
         conns = {c: i for i, c in enumerate(self._result_conns)}
         # Pinned segments come back when the device's copies from them have
         # run: the fence's descriptor is readable then.
-        fence_fd = self.batch_segments.fence.ready_fd if self.batch_segments.fence else None
-        fence = [] if fence_fd is None else [fence_fd]
+        device_fence = self.batch_segments.fence
+        fence = [device_fence.ready_fd] if device_fence is not None else []
         while True:
             ready = multiprocessing.connection.wait([*conns, *sentinels, *fence], timeout=POLL_S)
             if fence and fence[0] in ready:
@@ -425,9 +427,6 @@ class ProcessIterator:
         return task, pickle.loads(payload.data)
 
     # --- workers ---------------------------------------------------------------------
-
-    def _send(self, worker: int, message: Any) -> None:
-        self._sender.send(self._task_conns[worker], message)  # a dead worker: _check_workers
 
     def _check_workers(self, grace: bool) -> None:
         for worker_id, process in enumerate(self._workers):

@@ -73,15 +73,17 @@ def iterate_leanloader(context: LoaderContext) -> Iterator[Any]:
         **_loader_arguments(context),
     )
     try:
-        for _ in range(_epochs(context)):
-            yield from loader
-            yield EPOCH_END
+        yield from _passes(loader, context)
     finally:
         loader.close()
 
 
-def _epochs(context: LoaderContext) -> int:
-    return int(context.options.get("epochs") or context.size["epochs"])
+def _passes(loader: Any, context: LoaderContext) -> Iterator[Any]:
+    """Every batch of every epoch, EPOCH_END after each epoch."""
+    epochs = int(context.options.get("epochs") or context.size["epochs"])
+    for _ in range(epochs):
+        yield from loader
+        yield EPOCH_END
 
 
 def iterate_torch(context: LoaderContext) -> Iterator[Any]:
@@ -93,9 +95,7 @@ def iterate_torch(context: LoaderContext) -> Iterator[Any]:
         **_loader_arguments(context),
     )
     try:
-        for _ in range(_epochs(context)):
-            yield from loader
-            yield EPOCH_END
+        yield from _passes(loader, context)
     finally:
         del loader
 
