@@ -118,8 +118,12 @@ def test_an_unchanged_dataset_is_not_copied_again():
 
 class Counters(Dataset):
     def __init__(self) -> None:
-        self.counts = np.zeros(4 * MIB, dtype=np.int64)  # 32 MiB: a block of its own
-        self.tensor = torch.zeros(4 * MIB, dtype=torch.int64)
+        # 96 MiB each: above what glibc's heap keeps free (its trim threshold
+        # is at most 64 MiB), so each is always a block malloc mapped on its own
+        # and its pages are shared (a 32 MiB array came from a fragmented heap
+        # late in the suite, and got a plain copy).
+        self.counts = np.zeros(12 * MIB, dtype=np.int64)
+        self.tensor = torch.zeros(12 * MIB, dtype=torch.int64)
 
     def __len__(self) -> int:
         return 8
@@ -152,7 +156,7 @@ def test_no_write_of_another_thread_is_lost_while_loaders_share_the_dataset():
             loader.setup_bytes()  # what each pass's iter() sends its workers
         assert len(next(iter(loader))) == 4
         # the pages were shared while the thread wrote (no second copy)
-        assert loader.dataset_sharing().shared_page_bytes >= 2 * 32 * MIB
+        assert loader.dataset_sharing().shared_page_bytes >= 2 * (96 * MIB - 4096)
     finally:
         stop.set()
         thread.join()
