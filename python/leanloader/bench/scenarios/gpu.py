@@ -4,14 +4,16 @@ consumer (issue 13). Needs a CUDA build of torch and a GPU; without one,
 
 Data: a .npy of float32 rows of 1 MiB (full: 2,048 rows = 2 GiB; quick: 256),
 batch 32 (32 MiB), shuffled. Every run yields the batch's indices (a small CPU
-tensor, for counting) after its GPU work was enqueued; the consumer's GPU work
-reads every byte of the batch (a sum) on the device.
+tensor, for counting) once its GPU work is enqueued and the previous batch's
+has finished; the consumer's GPU work reads every byte of the batch (a sum) on
+the device.
 
 - ``leanloader-copy``: ``ll.Loader(device="cuda")`` (slots page-locked in
   place, copies on a stream of their own), no compute: host-to-device
   throughput.
 - ``h2d-limit``: ``cudaMemcpyAsync`` from one pinned batch to the GPU (torch's
-  ``copy_(non_blocking=True)``), the same bytes per batch: the link's limit.
+  ``copy_(non_blocking=True)``), the same bytes per batch and the same
+  consumer (a sum): the link's limit.
 - ``leanloader``: ``ll.Loader(device="cuda")`` with a compute-bound consumer
   (``STEPS`` matmuls of 4096² per batch on the current stream).
 - ``resident``: the same consumer over the same batches already on the GPU
@@ -76,7 +78,10 @@ def _order(context: LoaderContext) -> list[np.ndarray]:
 
 class _Compute:
     """The compute-bound consumer: STEPS matmuls, then a sum of the batch, on
-    the current stream (no host sync)."""
+    the current stream. Before a batch is counted, the GPU work of the batch
+    before it has finished (an event wait, as a training loop's loss.item()
+    would): a run's time is GPU time, not how fast work can be queued (an
+    unbounded queue made the copy limit read 1 TB/s on an H100)."""
 
     def __init__(self, steps: int) -> None:
         import torch
@@ -84,12 +89,20 @@ class _Compute:
         self.steps = steps
         self.matrix = torch.randn(MATRIX, MATRIX, device="cuda") if steps else None
         self.total = torch.zeros((), device="cuda")
+        self.previous: Any = None
 
     def __call__(self, batch: Any) -> None:
+        import torch
+
         a = self.matrix
         for _ in range(self.steps):
             a = (a @ a) / MATRIX
         self.total += batch.sum()
+        done = torch.cuda.Event()
+        done.record()
+        if self.previous is not None:
+            self.previous.synchronize()
+        self.previous = done
 
     def finish(self) -> None:
         import torch
@@ -117,12 +130,14 @@ def iterate_leanloader(context: LoaderContext) -> Iterator[Any]:
 def iterate_h2d_limit(context: LoaderContext) -> Iterator[Any]:
     import torch
 
+    compute = _Compute(0)
     pinned = torch.empty((BATCH_SIZE, ROW_VALUES), dtype=torch.float32).pin_memory()
     target = torch.empty_like(pinned, device="cuda")
     for indices in _order(context):
-        target.copy_(pinned[: len(indices)], non_blocking=True)
+        target[: len(indices)].copy_(pinned[: len(indices)], non_blocking=True)
+        compute(target[: len(indices)])
         yield torch.as_tensor(indices)
-    torch.cuda.synchronize()
+    compute.finish()
 
 
 def setup_resident(context: LoaderContext) -> Any:
