@@ -203,6 +203,10 @@ void bind_process(nb::module_& m) {
       "find_shared_segment",
       [](uintptr_t address) { return SharedSegment::find(reinterpret_cast<const void*>(address)); },
       nb::arg("address"), "The live segment of this process containing `address`, or None.");
+  m.def("forget_fork_of_a_child_that_reads_no_released_range",
+        &forget_fork_of_a_child_that_reads_no_released_range,
+        "Called right after fork() in the parent: the child (the fork server) reads no arena "
+        "range this process releases from now on, so released ranges can still be punched.");
 
   nb::class_<SlotHold>(m, "SlotHold", "A batch slot held by the batches that view it.")
       .def(

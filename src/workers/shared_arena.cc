@@ -41,6 +41,14 @@ using detail::page_size;
 
 uint64_t forks_of_this_process() noexcept { return fork_count.load(std::memory_order_relaxed); }
 
+void forget_fork_of_a_child_that_reads_no_released_range() noexcept {
+  uint64_t forks = fork_count.load(std::memory_order_relaxed);
+  // Never below zero: a fork made before the handler was installed was not counted.
+  while (forks > 0 &&
+         !fork_count.compare_exchange_weak(forks, forks - 1, std::memory_order_relaxed)) {
+  }
+}
+
 SharedArena::SharedArena(std::shared_ptr<const SharedFile> file) : file_(std::move(file)) {
   struct stat st {};
   if (::fstat(file_->fd, &st) == 0) {

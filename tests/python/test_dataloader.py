@@ -469,8 +469,11 @@ def test_fork_by_name_is_honoured_unless_a_gpu_runtime_is_initialised(monkeypatc
 
 _FORK_SERVER_SCRIPT = """
 import multiprocessing.forkserver as forkserver
+import sys
 import numpy as np
+import torch
 import leanloader as ll
+from leanloader.dataloader import fork_server
 
 class Rows:
     def __len__(self):
@@ -484,32 +487,120 @@ class Rows:
                          int(gc.get_freeze_count() > 0)])
 
 if __name__ == "__main__":
+    if sys.argv[1] == "fresh":  # as where CUDA is initialised: a new interpreter
+        torch.cuda.is_initialized = lambda: True
     loader = ll.DataLoader(Rows(), batch_size=4, num_workers=2,
                            multiprocessing_context="forkserver")
     batches = [b for b in loader]
     preload = forkserver._forkserver._preload_modules
     rows = np.concatenate(batches)
-    print(sorted(set(preload)), int(rows[:, 0].sum()), int((rows[:, 1] == 0).sum()),
-          int(rows[:, 2].sum()))
+    print(sorted(set(preload)), int(fork_server.forked_from_this_process()),
+          int(rows[:, 0].sum()), int((rows[:, 1] == 0).sum()), int(rows[:, 2].sum()))
 """
 
 
-def test_forkserver_workers_share_what_every_worker_imports(tmp_path):
-    # The fork server preloads torch, numpy, leanloader (and the dataset's
-    # module when importable), so the workers it forks share those pages.
+@pytest.mark.parametrize("server", ["forked", "fresh"])
+def test_forkserver_workers_share_what_every_worker_imports(tmp_path, server):
+    # Without a GPU runtime the fork server is forked from the main process
+    # (it has what the program imported); with one it is a new interpreter
+    # that preloads torch, numpy, leanloader (and the dataset's module when
+    # importable). Either way the workers it forks share those pages.
     script = tmp_path / "forkserver_preload.py"
     script.write_text(_FORK_SERVER_SCRIPT)
     result = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+        [sys.executable, str(script), server], capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stderr[-3000:]
     modules, counts = result.stdout.split("]")
-    for module in ("__main__", "torch", "numpy", "leanloader"):
-        assert f"'{module}'" in modules, result.stdout
-    with_torch, without_inductor, frozen = map(int, counts.split())
+    forked, with_torch, without_inductor, frozen = map(int, counts.split())
+    assert forked == (server == "forked"), result.stdout
+    if server == "fresh":
+        for module in ("__main__", "torch", "numpy", "leanloader"):
+            assert f"'{module}'" in modules, result.stdout
     assert with_torch == 8  # every sample came from a worker with torch loaded
     assert without_inductor == 8, result.stdout
     assert frozen == 8, result.stdout
+
+
+_FORKED_SERVER_HYGIENE_SCRIPT = """
+import atexit, os, sys
+import numpy as np
+import leanloader as ll
+from multiprocessing import forkserver
+from leanloader.dataloader import fork_server
+
+atexit.register(lambda: print("atexit ran", flush=True))
+read_end, write_end = os.pipe()  # the program's own pipe and memfd
+memfd = os.memfd_create("program-memory")
+
+class Rows:
+    def __len__(self):
+        return 4
+    def __getitem__(self, i):
+        return np.full(2, i)
+
+if __name__ == "__main__":
+    loader = ll.DataLoader(Rows(), batch_size=2, num_workers=2)
+    assert sum(int(b.sum()) for b in loader) == 12
+    assert fork_server.forked_from_this_process()
+    server = forkserver._forkserver._forkserver_pid
+    ours = {os.readlink(f"/proc/self/fd/{fd}") for fd in (read_end, write_end, memfd)}
+    held = {os.readlink(f"/proc/{server}/fd/{fd}") for fd in os.listdir(f"/proc/{server}/fd")}
+    print("held", len(ours & held), sorted(t.split(":")[0] for t in held))
+"""
+
+
+def test_a_fork_server_forked_from_the_program_holds_none_of_its_descriptors_nor_runs_its_exit(
+    tmp_path,
+):
+    # The server forked from the main process must not keep the program's
+    # pipes or shared memory alive, and never runs its atexit functions
+    # (nor do its workers): "atexit ran" once, from the main process.
+    script = tmp_path / "hygiene.py"
+    script.write_text(_FORKED_SERVER_HYGIENE_SCRIPT)
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                            timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "held 0 " in result.stdout, result.stdout
+    assert result.stdout.count("atexit ran") == 1, result.stdout
+
+
+_FORK_SERVER_RESTART_SCRIPT = """
+import os, signal, sys, time
+import numpy as np
+import torch
+import leanloader as ll
+from multiprocessing import forkserver
+
+class Rows:
+    def __len__(self):
+        return 4
+    def __getitem__(self, i):
+        return np.full(2, i)
+
+if __name__ == "__main__":
+    if sys.argv[1] == "fresh":
+        torch.cuda.is_initialized = lambda: True
+    loader = ll.DataLoader(Rows(), batch_size=2, num_workers=2)
+    sums = [sum(int(b.sum()) for b in loader)]
+    first = forkserver._forkserver._forkserver_pid
+    os.kill(first, signal.SIGKILL)
+    while os.path.exists(f"/proc/{first}/status") and "zombie" not in open(
+            f"/proc/{first}/status").read():
+        time.sleep(0.01)
+    sums.append(sum(int(b.sum()) for b in loader))  # a new pass: a new server
+    print(sums, forkserver._forkserver._forkserver_pid != first)
+"""
+
+
+@pytest.mark.parametrize("server", ["forked", "fresh"])
+def test_a_fork_server_that_died_is_started_again(tmp_path, server):
+    script = tmp_path / "restart.py"
+    script.write_text(_FORK_SERVER_RESTART_SCRIPT)
+    result = subprocess.run([sys.executable, str(script), server], capture_output=True,
+                            text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["[12,", "12]", "True"], result.stdout
 
 
 class ParentPids(Dataset):

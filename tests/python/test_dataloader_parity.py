@@ -575,16 +575,30 @@ def test_an_unguarded_script_runs_once_when_workers_need_nothing_from_it(tmp_pat
     assert result.stdout.split("\n")[:2] == ["top level ran", "7"], result.stdout
 
 
-def test_an_unguarded_script_whose_dataset_lives_in_it_is_stopped_before_workers_start(tmp_path):
+def test_an_unguarded_script_whose_dataset_lives_in_it_runs_once_from_a_forked_server(tmp_path):
+    # Without a GPU runtime the fork server is a fork of the main process:
+    # its workers have `__main__` already and import nothing again.
     script = tmp_path / "train.py"
     script.write_text(UNGUARDED_OWN_DATASET)
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                            timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["top", "level", "ran", "3"], result.stdout
+
+
+def test_an_unguarded_script_whose_dataset_lives_in_it_is_stopped_before_workers_start(tmp_path):
+    # With a GPU runtime initialised the fork server is a new interpreter,
+    # whose workers would import (and run) the script again.
+    fresh_server = "import torch\ntorch.cuda.is_initialized = lambda: True\n"
+    script = tmp_path / "train.py"
+    script.write_text(fresh_server + UNGUARDED_OWN_DATASET)
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                             timeout=120)  # fmt: skip
     assert result.returncode != 0
     assert result.stdout.count("top level ran") == 1, result.stdout  # no worker re-ran it
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("RuntimeError"), result.stderr
-    line = UNGUARDED_OWN_DATASET.splitlines().index("print(len(list(loader)))") + 1
+    line = (fresh_server + UNGUARDED_OWN_DATASET).splitlines().index("print(len(list(loader)))") + 1
     assert f"{script} (line {line})" in last
     assert 'if __name__ == "__main__":' in last and 'worker_mode="thread"' in last
     # the same code works once guarded, and unguarded with threads
@@ -596,7 +610,7 @@ def test_an_unguarded_script_whose_dataset_lives_in_it_is_stopped_before_workers
         guarded,
         UNGUARDED_OWN_DATASET.replace("num_workers=2)", 'num_workers=2, worker_mode="thread")'),
     ):
-        script.write_text(text)
+        script.write_text(fresh_server + text)
         result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                                 timeout=120)  # fmt: skip
         assert result.returncode == 0 and result.stdout.strip().splitlines()[-1] == "3", (

@@ -569,8 +569,12 @@ FORK_SERVER_CTRL_C_SCRIPT = textwrap.dedent(
     import signal, sys
     signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.path.insert(0, sys.argv[1])
+    import torch
     import leanloader as ll
     from test_dataloader_protocol import Numbers
+    # As where CUDA is initialised: the fork server is a new interpreter
+    # (a fork of this process starts at once and ignores SIGINT from birth).
+    torch.cuda.is_initialized = lambda: True
     loader = ll.DataLoader(Numbers(), batch_size=2, num_workers=2)
     print("starting", flush=True)
     next(iter(loader))

@@ -94,4 +94,11 @@ class SharedArena final : public std::enable_shared_from_this<SharedArena> {
 // pthread_atfork handler installed with the first arena).
 uint64_t forks_of_this_process() noexcept;
 
+// Takes back the count of the fork this thread just made, for a child that
+// reads no range an arena of this process releases from then on: the fork
+// server forked from the main process, whose workers map what they read by
+// reference. The ranges its mappings share can then still be punched when
+// released (else every range released later would stay held while it lives).
+void forget_fork_of_a_child_that_reads_no_released_range() noexcept;
+
 }  // namespace leanloader

@@ -13,10 +13,13 @@ workers, IterDataPipe sharding across workers. What differs:
 - Workers are started by forkserver (default) or spawn; fork only when asked
   for by name (``multiprocessing_context="fork"``), and then refused once a
   GPU runtime is initialised in the process unless ``force_fork=True`` (fork
-  deadlocks then). Workers import the main script only when what they
-  receive is defined there; a loader started from the unguarded top level
-  of such a script stops in the main process with an error naming the line
-  and the fixes.
+  deadlocks then). The fork server is a fork of the main process when no
+  GPU runtime is initialised as the first such loader is built (its workers
+  have the program's modules, ``__main__`` included), else a fresh
+  interpreter; workers of a fresh one import the main script only when what
+  they receive is defined there, and a loader started from the unguarded
+  top level of such a script stops in the main process with an error naming
+  the line and the fixes.
 - The dataset is pickled once per pass, in the main process, into bytes that
   every worker receives through ``Process(args=...)`` and lets go once
   unpickled; NumPy arrays and CPU tensors of at least ``share_threshold``

@@ -1,14 +1,27 @@
-"""Starting workers from the fork server (the default start method): what
-the server preloads so that its workers share those pages (torch, numpy,
-leanloader, the dataset's module, then a frozen heap: fork_server_freeze.py),
-starting it deaf to Ctrl-C, and keeping the main script out of what a worker
-imports when nothing it receives lives there."""
+"""Starting workers from the fork server (the default start method).
+
+The server is multiprocessing's forkserver, serving its own protocol. Where it
+is safe (no GPU runtime initialised, the main thread, a Python whose
+forkserver internals are the ones read here) it is forked from this process
+when the first process-worker loader is built: it then holds what the
+program has imported (torch, the framework, the dataset's module) in pages
+shared with this process, and its workers share them too, as fork's workers
+share the main process's, while each worker still starts from a process
+without the program's threads or GPU runtime. Elsewhere it is a fresh
+interpreter that preloads torch, numpy, leanloader and the dataset's module
+(then a frozen heap: fork_server_freeze.py), started deaf to Ctrl-C. Also:
+keeping the main script out of what a worker imports when nothing it
+receives lives there."""
 
 from __future__ import annotations
 
 import contextlib
+import gc
+import os
 import signal
+import socket
 import sys
+import threading
 from typing import Any
 
 
@@ -40,14 +53,41 @@ FORK_SERVER_PRELOAD = ("torch", "numpy", "leanloader")
 FORK_SERVER_FREEZE = "leanloader.dataloader.fork_server_freeze"
 
 
+def initialised_gpu_runtime() -> str | None:
+    """The GPU runtime this process has initialised (CUDA/ROCm, XPU), if any."""
+    import torch
+
+    if torch.cuda.is_initialized():
+        return "HIP" if torch.version.hip else "CUDA"
+    xpu = getattr(torch, "xpu", None)
+    if xpu is not None and getattr(xpu, "is_initialized", lambda: False)():
+        return "XPU"
+    return None
+
+
+def start_fork_server_early(dataset_module: str) -> None:
+    """At a loader's construction: a fork server that must be a fresh
+    interpreter (a GPU runtime is initialised) starts now, so that its
+    imports overlap the program's work until the first pass. One forked from
+    this process waits for the first pass (preload_in_fork_server): forked
+    after the dataset's arrays were shared, it maps their shared copies
+    instead of keeping the pages they were copied from."""
+    if initialised_gpu_runtime() is not None:
+        preload_in_fork_server(dataset_module)
+
+
 def preload_in_fork_server(dataset_module: str) -> None:
-    """Adds torch, numpy, leanloader and the dataset's module to the fork
-    server's preload list (kept: whatever the user preloads) while the
-    server is not running yet; a running server keeps what it has."""
+    """Starts the fork server if it is not running: forked from this process
+    where that is safe (no GPU runtime initialised here, the main thread),
+    else a fresh interpreter with torch, numpy,
+    leanloader and the dataset's module added to its preload list (kept:
+    whatever the user preloads). A running server keeps what it has."""
     from multiprocessing import forkserver
 
     server = forkserver._forkserver  # the module's singleton (no public getter)
-    if getattr(server, "_forkserver_pid", None) is not None:
+    if _running(server):
+        return
+    if initialised_gpu_runtime() is None and start_fork_server_from_this_process():
         return
     modules = list(getattr(server, "_preload_modules", ["__main__"]))
     wanted = [*FORK_SERVER_PRELOAD]
@@ -82,3 +122,147 @@ def start_fork_server_deaf_to_ctrl_c() -> None:
         forkserver.ensure_running()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+# The pid of the fork server forked from this process (0: none).
+_forked_server_pid = 0
+
+
+def forked_from_this_process() -> bool:
+    """Whether the running fork server is a fork of this process: its
+    workers then have the program's modules, `__main__` included, without
+    importing anything again."""
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    return _forked_server_pid != 0 and server._forkserver_pid == _forked_server_pid
+
+
+def _running(server: Any) -> bool:
+    """Whether multiprocessing's fork server is running; one that died is
+    forgotten as ensure_running() forgets it (its pid reaped here, so that
+    call must not wait for it again), and the next start begins afresh."""
+    pid = getattr(server, "_forkserver_pid", None)
+    if pid is None:
+        return False
+    try:
+        done, _status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        done = pid
+    if done == 0:
+        return True
+    if server._forkserver_alive_fd is not None:
+        os.close(server._forkserver_alive_fd)
+    server._forkserver_address = None
+    server._forkserver_alive_fd = None
+    server._forkserver_pid = None
+    return False
+
+
+def _internals_as_read(server: Any) -> bool:
+    """multiprocessing's forkserver as this module reads it (Python 3.11 and
+    3.12): the attributes ensure_running() sets, no authentication step."""
+    return (
+        sys.platform.startswith("linux")
+        and all(
+            hasattr(server, name)
+            for name in ("_forkserver_address", "_forkserver_alive_fd", "_forkserver_pid", "_lock")
+        )
+        and not hasattr(server, "_forkserver_authkey")
+    )
+
+
+def start_fork_server_from_this_process() -> bool:
+    """multiprocessing.forkserver.ForkServer.ensure_running(), with the server
+    forked from this process instead of started as a new interpreter. False
+    (nothing started) where that is not safe here: not the main thread, or
+    another Python's forkserver."""
+    global _forked_server_pid
+    from multiprocessing import connection, forkserver, resource_tracker, util
+
+    server = forkserver._forkserver
+    if threading.current_thread() is not threading.main_thread() or not _internals_as_read(server):
+        return False
+    with server._lock:
+        if _running(server):
+            return True
+        resource_tracker.ensure_running()
+        with socket.socket(socket.AF_UNIX) as listener:
+            address = connection.arbitrary_address("AF_UNIX")
+            listener.bind(address)
+            if not util.is_abstract_socket_namespace(address):
+                os.chmod(address, 0o600)
+            listener.listen()
+            # Every client owns the write end: the server ends when all are gone.
+            alive_r, alive_w = os.pipe()
+            # Ctrl-C (the terminal signals the whole group) must not reach
+            # the server before it ignores SIGINT itself.
+            previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            try:
+                pid = os.fork()
+                if pid == 0:
+                    _serve_as_fork_server(listener.fileno(), alive_r)  # never returns
+                from leanloader import _core
+
+                # Its workers map what they read by reference: the ranges it
+                # shares with this process may be punched when released.
+                _core.forget_fork_of_a_child_that_reads_no_released_range()
+            except BaseException:
+                os.close(alive_w)
+                raise
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
+                os.close(alive_r)
+        server._forkserver_address = address
+        server._forkserver_alive_fd = alive_w
+        server._forkserver_pid = pid
+        _forked_server_pid = pid
+    return True
+
+
+def _serve_as_fork_server(listener_fd: int, alive_r: int) -> None:
+    """The forked server's life: multiprocessing's forkserver loop, then
+    os._exit: the program's exit handlers, atexit functions and finalizers
+    are the main process's and never run here."""
+    code = 1
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        _release_inherited_descriptors(keep={0, 1, 2, listener_fd, alive_r})
+        # The objects inherited from the main process leave the collector's
+        # reach without being visited (a collection writes into every
+        # object's header: each page it touched would become a private copy
+        # here and in every worker).
+        gc.freeze()
+        from multiprocessing import forkserver
+
+        forkserver.main(listener_fd, alive_r, [], main_path=None, sys_path=None)
+        code = 0
+    except SystemExit:
+        code = 0  # the loop's end: every client is gone
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
+def _release_inherited_descriptors(keep: set[int]) -> None:
+    """Points every inherited descriptor but `keep` at /dev/null: the server
+    must not hold the main process's pipes, sockets and shared memory (a
+    worker's end of a pipe, an arena the main process frees), and the
+    numbers stay taken, so an inherited Python object that closes its old
+    descriptor cannot close one opened since."""
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        for name in os.listdir(f"/proc/{os.getpid()}/fd"):
+            fd = int(name)
+            if fd in keep or fd == null:
+                continue
+            try:
+                os.dup2(null, fd, inheritable=False)
+            except OSError:
+                pass  # the listing's own descriptor, already closed
+    finally:
+        os.close(null)

@@ -19,7 +19,7 @@ except ImportError:  # pragma: no cover - exercised without torch only
     ) from None
 
 from leanloader.dataloader import state as loader_state
-from leanloader.dataloader.fork_server import preload_in_fork_server
+from leanloader.dataloader.fork_server import initialised_gpu_runtime, start_fork_server_early
 from leanloader.dataloader.options import option
 from leanloader.dataloader.pin import pin_setup, pinned, stop_previous_pass
 from leanloader.dataloader.process_iter import ProcessIterator
@@ -40,18 +40,6 @@ FORK_REFUSED = (
 DEFAULT_START_METHOD = "forkserver"
 
 _T_co = TypeVar("_T_co", covariant=True)
-
-
-def _initialised_gpu_runtime() -> str | None:
-    """The GPU runtime this process has initialised (CUDA/ROCm, XPU), if any."""
-    import torch
-
-    if torch.cuda.is_initialized():
-        return "HIP" if torch.version.hip else "CUDA"
-    xpu = getattr(torch, "xpu", None)
-    if xpu is not None and getattr(xpu, "is_initialized", lambda: False)():
-        return "XPU"
-    return None
 
 
 class DataLoader(_TorchDataLoader[_T_co]):
@@ -129,11 +117,11 @@ class DataLoader(_TorchDataLoader[_T_co]):
         self._warned_copy = False
         if self.worker_mode == "process" and self.num_workers > 0:
             if self._context.get_start_method() == "forkserver":
-                # The fork server imports torch and the dataset's module while
-                # the program goes on (a framework builds its model and
+                # A fresh fork server imports torch and the dataset's module
+                # while the program goes on (a framework builds its model and
                 # optimizer between making the loader and iterating it): the
                 # first pass's workers fork from a server that is ready.
-                preload_in_fork_server(type(dataset).__module__)
+                start_fork_server_early(type(dataset).__module__)
 
     # torch's attribute that the batch order comes from, recorded for state_dict().
     @property
@@ -151,7 +139,7 @@ class DataLoader(_TorchDataLoader[_T_co]):
             and context.get_start_method() == "fork"
             and not self.force_fork
         ):
-            runtime = _initialised_gpu_runtime()
+            runtime = initialised_gpu_runtime()
             if runtime is not None:
                 raise ValueError(FORK_REFUSED.format(runtime=runtime))
 
@@ -160,15 +148,14 @@ class DataLoader(_TorchDataLoader[_T_co]):
         """The start method's context the workers are started with. As in
         torch, the loader's own, else the start method the program set with
         multiprocessing.set_start_method() (spawn or forkserver); else, where
-        torch would fork, forkserver. The fork server is a fresh interpreter
-        (no CUDA, no threads of the main process: as safe as spawn) that
-        preloads torch, numpy, leanloader and the dataset's module once;
-        workers forked from it share those pages instead of each importing
-        its own copy (measured with seed 004's batches: spawned workers hold
-        1.04-1.12x torch fork's peak memory, forkserver ones 0.92-0.98x, and
-        start 1.5-2.3x sooner). With small batches the server's own import of
-        torch, which fork's workers share with the main process, dominates:
-        Ultralytics YOLO on the CPU, 1.23-1.28x torch fork's peak."""
+        torch would fork, forkserver. Where no GPU runtime is initialised
+        when the first such loader is built, the fork server is a fork of
+        this process (fork_server.py): it holds what the program imported,
+        in pages shared with this process, and its workers start from a
+        process without the program's threads or GPU runtime. Else it is a
+        fresh interpreter (as safe as spawn) that preloads torch, numpy,
+        leanloader and the dataset's module once, so workers share those
+        pages instead of each importing its own copy."""
         context = self.multiprocessing_context
         if context is not None:
             return context

@@ -22,7 +22,11 @@ if TYPE_CHECKING:
 
 from leanloader import _core
 from leanloader.dataloader.batch_segments import BatchSegments
-from leanloader.dataloader.fork_server import main_module_hidden, preload_in_fork_server
+from leanloader.dataloader.fork_server import (
+    forked_from_this_process,
+    main_module_hidden,
+    preload_in_fork_server,
+)
 from leanloader.dataloader.pin import in_place_pinning
 from leanloader.dataloader.protocol import (
     SHUTDOWN,
@@ -162,19 +166,20 @@ class ProcessIterator:
                 # mp objects refuse to be pickled outside Process.start();
                 # a genuinely unpicklable dataset fails there again (below)
                 payload = PickledAtStart(setup, loader.dataset_sharing())
-        # A worker of spawn or forkserver imports the main script (running
-        # its top level again, unless guarded) only when what it receives
-        # needs something defined there.
+        if method == "forkserver":
+            preload_in_fork_server(type(loader.dataset).__module__)
+        # A worker of spawn or of a fresh fork server imports the main script
+        # (running its top level again, unless guarded) only when what it
+        # receives needs something defined there; one of a fork server forked
+        # from this process has `__main__` already.
         needs_main = method != "fork" and (not isinstance(payload, bytes) or b"__main__" in payload)
-        if needs_main:
+        if needs_main and not (method == "forkserver" and forked_from_this_process()):
             unguarded = unguarded_main_line()
             if unguarded is not None:
                 raise RuntimeError(
                     UNGUARDED_MAIN_NEEDED.format(script=unguarded[0], line=unguarded[1])
                 )
         hide_main = method != "fork" and not needs_main
-        if method == "forkserver":
-            preload_in_fork_server(type(loader.dataset).__module__)
         # A forkserver worker is the forkserver's child, not ours: it cannot
         # check its parent's pid; it watches ours (exit_with_process).
         parent = 0 if method == "forkserver" else os.getpid()

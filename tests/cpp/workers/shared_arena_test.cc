@@ -154,5 +154,23 @@ TEST(SharedArenaTest, ARangeThatExistedAtAForkIsNeverPunched) {
   EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
+TEST(SharedArenaTest, ARangeIsPunchedWhenTheForkedChildReadsNoReleasedRange) {
+  // The fork server forked from the main process reads nothing the main
+  // process releases: its fork is taken back, and released ranges are punched.
+  auto arena = SharedArena::create();
+  auto segment = arena->allocate(1 << 20);
+  std::memset(segment->data(), 4, segment->size());
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) ::_exit(0);
+  forget_fork_of_a_child_that_reads_no_released_range();
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  segment.reset();
+  auto next = arena->allocate(kPage);
+  EXPECT_EQ(arena->held_back_ranges(), 0u);
+  EXPECT_LE(held_bytes(*arena), 2 * kPage);
+}
+
 }  // namespace
 }  // namespace leanloader
