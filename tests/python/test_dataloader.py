@@ -522,7 +522,20 @@ def test_forkserver_workers_share_what_every_worker_imports(tmp_path, server):
     assert frozen == 8, result.stdout
 
 
-_FORKED_SERVER_HYGIENE_SCRIPT = """
+# Four rows of two values: the batches of 2 sum to 12 over a pass.
+_FOUR_ROWS = """
+import numpy as np
+
+class Rows:
+    def __len__(self):
+        return 4
+    def __getitem__(self, i):
+        return np.full(2, i)
+"""
+
+_FORKED_SERVER_HYGIENE_SCRIPT = (
+    _FOUR_ROWS
+    + """
 import atexit, os, sys
 import numpy as np
 import leanloader as ll
@@ -533,12 +546,6 @@ atexit.register(lambda: print("atexit ran", flush=True))
 read_end, write_end = os.pipe()  # the program's own pipe and memfd
 memfd = os.memfd_create("program-memory")
 
-class Rows:
-    def __len__(self):
-        return 4
-    def __getitem__(self, i):
-        return np.full(2, i)
-
 if __name__ == "__main__":
     loader = ll.DataLoader(Rows(), batch_size=2, num_workers=2)
     assert sum(int(b.sum()) for b in loader) == 12
@@ -548,6 +555,7 @@ if __name__ == "__main__":
     held = {os.readlink(f"/proc/{server}/fd/{fd}") for fd in os.listdir(f"/proc/{server}/fd")}
     print("held", len(ours & held), sorted(t.split(":")[0] for t in held))
 """
+)
 
 
 def test_a_fork_server_forked_from_the_program_holds_none_of_its_descriptors_nor_runs_its_exit(
@@ -565,18 +573,14 @@ def test_a_fork_server_forked_from_the_program_holds_none_of_its_descriptors_nor
     assert result.stdout.count("atexit ran") == 1, result.stdout
 
 
-_FORK_SERVER_RESTART_SCRIPT = """
+_FORK_SERVER_RESTART_SCRIPT = (
+    _FOUR_ROWS
+    + """
 import os, signal, sys, time
 import numpy as np
 import torch
 import leanloader as ll
 from multiprocessing import forkserver
-
-class Rows:
-    def __len__(self):
-        return 4
-    def __getitem__(self, i):
-        return np.full(2, i)
 
 if __name__ == "__main__":
     if sys.argv[1] == "fresh":
@@ -591,6 +595,7 @@ if __name__ == "__main__":
     sums.append(sum(int(b.sum()) for b in loader))  # a new pass: a new server
     print(sums, forkserver._forkserver._forkserver_pid != first)
 """
+)
 
 
 @pytest.mark.parametrize("server", ["forked", "fresh"])
