@@ -713,8 +713,11 @@ def test_kept_segments_stay_within_the_memory_budget():
 
 def test_hoarded_batches_stay_in_segments_and_are_freed_when_dropped():
     loader = ll.DataLoader(Blocks(), batch_size=8, num_workers=2)
-    iterator = iter(loader)
+    # Before the workers start: once they run, the batches they prefetch at
+    # once would count as "before" (a warm fork server starts them in
+    # milliseconds).
     before = process_tree_memory()["fd_shmem_bytes"] + process_tree_memory()["pss_shmem_bytes"]
+    iterator = iter(loader)
     hoard = [next(iterator) for _ in range(10)]  # twice the pool's size
     for batch in hoard:
         _batch_segments(batch)
