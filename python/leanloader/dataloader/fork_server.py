@@ -195,6 +195,9 @@ def start_fork_server_from_this_process() -> bool:
             listener.listen()
             # Every client owns the write end: the server ends when all are gone.
             alive_r, alive_w = os.pipe()
+            # As multiprocessing's fork start does: nothing buffered here is
+            # inherited, to be written again by a forked process.
+            util._flush_std_streams()
             # Ctrl-C (the terminal signals the whole group) must not reach
             # the server before it ignores SIGINT itself.
             previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
