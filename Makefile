@@ -94,7 +94,8 @@ test-python: setup
 
 # On a machine with an NVIDIA GPU and a CUDA build of torch (not part of
 # `make test`): the device feed's C++ tests (CUDA runtime loaded at run time)
-# and tests/gpu/. Without CUDA the tests skip and say why.
+# and tests/gpu/. Without CUDA the tests skip and say why. On a lent GPU machine
+# without network: tests/gpu/on_lent_machine.sh (docs/gpu.md).
 test-gpu: setup build/cpp/build.ninja
 	cmake --build build/cpp
 	ctest --test-dir build/cpp -R 'DeviceFeed|DeviceReadFence|HostStandIn|CudaRuntime' --output-on-failure
