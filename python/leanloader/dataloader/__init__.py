@@ -14,7 +14,7 @@ workers, IterDataPipe sharding across workers. What differs:
   for by name (``multiprocessing_context="fork"``), and then refused once a
   GPU runtime is initialised in the process unless ``force_fork=True`` (fork
   deadlocks then). The fork server is a fork of the main process when no
-  GPU runtime is initialised as the first such loader is built (its workers
+  GPU runtime is initialised at the first pass of such a loader (its workers
   have the program's modules, ``__main__`` included), else a fresh
   interpreter; workers of a fresh one import the main script only when what
   they receive is defined there, and a loader started from the unguarded

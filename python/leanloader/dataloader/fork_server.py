@@ -3,13 +3,14 @@
 The server is multiprocessing's forkserver, serving its own protocol. Where it
 is safe (no GPU runtime initialised, the main thread, a Python whose
 forkserver internals are the ones read here) it is forked from this process
-when the first process-worker loader is built: it then holds what the
+at the first pass of a process-worker loader: it then holds what the
 program has imported (torch, the framework, the dataset's module) in pages
 shared with this process, and its workers share them too, as fork's workers
 share the main process's, while each worker still starts from a process
 without the program's threads or GPU runtime. Elsewhere it is a fresh
 interpreter that preloads torch, numpy, leanloader and the dataset's module
-(then a frozen heap: fork_server_freeze.py), started deaf to Ctrl-C. Also:
+(then a frozen heap: fork_server_freeze.py), started deaf to Ctrl-C when the
+loader is built. Also:
 keeping the main script out of what a worker imports when nothing it
 receives lives there."""
 
@@ -69,14 +70,14 @@ def start_fork_server_early(dataset_module: str) -> None:
     """At a loader's construction: a fork server that must be a fresh
     interpreter (a GPU runtime is initialised) starts now, so that its
     imports overlap the program's work until the first pass. One forked from
-    this process waits for the first pass (preload_in_fork_server): forked
+    this process waits for the first pass (ensure_fork_server): forked
     after the dataset's arrays were shared, it maps their shared copies
     instead of keeping the pages they were copied from."""
     if initialised_gpu_runtime() is not None:
-        preload_in_fork_server(dataset_module)
+        ensure_fork_server(dataset_module)
 
 
-def preload_in_fork_server(dataset_module: str) -> None:
+def ensure_fork_server(dataset_module: str) -> None:
     """Starts the fork server if it is not running: forked from this process
     where that is safe (no GPU runtime initialised here, the main thread),
     else a fresh interpreter with torch, numpy,

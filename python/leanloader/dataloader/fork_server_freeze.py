@@ -1,4 +1,4 @@
-"""Imported last by the fork server (see fork_server.preload_in_fork_server):
+"""Imported last by the fork server (see fork_server.ensure_fork_server):
 moves every object the server holds after its preloads (torch, numpy,
 leanloader, the dataset's module) out of the garbage collector's reach, so
 that workers forked from it do not write to those objects' pages when they

@@ -149,7 +149,7 @@ class DataLoader(_TorchDataLoader[_T_co]):
         torch, the loader's own, else the start method the program set with
         multiprocessing.set_start_method() (spawn or forkserver); else, where
         torch would fork, forkserver. Where no GPU runtime is initialised
-        when the first such loader is built, the fork server is a fork of
+        at the first pass of such a loader, the fork server is a fork of
         this process (fork_server.py): it holds what the program imported,
         in pages shared with this process, and its workers start from a
         process without the program's threads or GPU runtime. Else it is a

@@ -23,9 +23,9 @@ if TYPE_CHECKING:
 from leanloader import _core
 from leanloader.dataloader.batch_segments import BatchSegments
 from leanloader.dataloader.fork_server import (
+    ensure_fork_server,
     forked_from_this_process,
     main_module_hidden,
-    preload_in_fork_server,
 )
 from leanloader.dataloader.pin import in_place_pinning
 from leanloader.dataloader.protocol import (
@@ -167,7 +167,7 @@ class ProcessIterator:
                 # a genuinely unpicklable dataset fails there again (below)
                 payload = PickledAtStart(setup, loader.dataset_sharing())
         if method == "forkserver":
-            preload_in_fork_server(type(loader.dataset).__module__)
+            ensure_fork_server(type(loader.dataset).__module__)
         # A worker of spawn or of a fresh fork server imports the main script
         # (running its top level again, unless guarded) only when what it
         # receives needs something defined there; one of a fork server forked
