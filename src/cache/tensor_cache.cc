@@ -9,6 +9,8 @@
 
 #include "cache/cache_directory.h"
 #include "io/file_io.h"
+#include "io/resident_copy.h"
+#include "leanloader/core/checked_size.h"
 #include "leanloader/core/error.h"
 
 namespace leanloader {
@@ -457,13 +459,23 @@ void TensorCache::State::read_sample(int64_t index, SampleWriter& writer) const 
   // but pread skips the page-table set-up of a process's first pass over a
   // shard (page faults), which made first epochs 1.5-2x slower. The mapping
   // is still what entry() views and what validated the shard.
-  mapped_shard(entry.shard);
+  // A batch that wants streaming stores (several MiB) copies tensors that
+  // are in memory from the mapping with those instead (io/resident_copy.h):
+  // the kernel's copy writes through the cache.
+  const MappedFile& mapping = *mapped_shard(entry.shard).mapping();
   const detail::File& file = *files[entry.shard];
+  const bool streaming = writer.prefers_streaming_stores();
   for (size_t f = 0; f < field_list.size(); ++f) {
     const CacheTensorRecord& record = entry.tensors[f];
     const std::span<std::byte> dst = writer.field_buffer(f, record.shape);
-    if (record.nbytes > 0 &&
-        !file.read_exact_noting_misses(record.offset, dst.first(record.nbytes))) {
+    if (record.nbytes == 0) continue;
+    if (streaming && range_fits(record.offset, record.nbytes, mapping.size())) {
+      const detail::ResidentCopy copy = detail::copy_if_resident(
+          dst.data(), mapping.data() + record.offset, record.nbytes, detail::Stores::kStreaming);
+      if (copy == detail::ResidentCopy::kCopied) continue;
+      // kGone: the shard shrank; pread below reports it as it would.
+    }
+    if (!file.read_exact_noting_misses(record.offset, dst.first(record.nbytes))) {
       storage_read_count.fetch_add(1, std::memory_order_relaxed);
     }
   }

@@ -3,7 +3,6 @@
 #include <atomic>
 #include <csetjmp>
 #include <csignal>
-#include <cstring>
 #include <mutex>
 
 #include "core/signal_chain.h"
@@ -33,7 +32,7 @@ void install_handler() { install_chained_handler(SIGBUS, &on_sigbus, &g_previous
 
 }  // namespace
 
-bool guarded_copy(void* dst, const void* src, size_t bytes) noexcept {
+bool guarded_copy(void* dst, const void* src, size_t bytes, Stores stores) noexcept {
   static std::once_flag installed;
   std::call_once(installed, install_handler);
   sigjmp_buf*& guarded = t_guarded_copy;  // one lookup of the thread-local
@@ -42,7 +41,7 @@ bool guarded_copy(void* dst, const void* src, size_t bytes) noexcept {
   guarded = &jump;
   // The compiler must not move the copy out from between the two stores.
   std::atomic_signal_fence(std::memory_order_seq_cst);
-  std::memcpy(dst, src, bytes);
+  copy_with(stores, dst, src, bytes);
   std::atomic_signal_fence(std::memory_order_seq_cst);
   guarded = nullptr;
   return true;

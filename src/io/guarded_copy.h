@@ -13,10 +13,14 @@
 
 #include <cstddef>
 
+#include "io/streaming_copy.h"
+
 namespace leanloader::detail {
 
-// memcpy(dst, src, bytes); false when reading `src` raised SIGBUS (dst is then
-// partly written). `src` must be mapped memory; `dst` must not fault.
-bool guarded_copy(void* dst, const void* src, size_t bytes) noexcept;
+// copy_with(stores, dst, src, bytes); false when reading `src` raised SIGBUS
+// (dst is then partly written). `src` must be mapped memory; `dst` must not
+// fault.
+bool guarded_copy(void* dst, const void* src, size_t bytes,
+                  Stores stores = Stores::kCached) noexcept;
 
 }  // namespace leanloader::detail

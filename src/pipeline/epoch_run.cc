@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 
+#include "io/streaming_copy.h"
 #include "leanloader/core/checked_size.h"
 #include "leanloader/core/error.h"
 
@@ -59,6 +60,10 @@ class EpochRun::RowWriter final : public SampleWriter {
     }
     std::lock_guard lock(state_.warnings_mutex);
     state_.warnings.push_back(std::move(message));
+  }
+
+  bool prefers_streaming_stores() const override {
+    return slot_->size() >= detail::kStreamingBatchBytes;
   }
 
   std::span<std::byte> field_buffer(size_t field, const Shape& shape) override {

@@ -1,5 +1,6 @@
 #include "leanloader/sources/array_source.h"
 
+#include "io/streaming_copy.h"
 #include "leanloader/core/error.h"
 
 namespace leanloader {
@@ -27,7 +28,14 @@ ArraySource::ArraySource(std::vector<Field> fields) : arrays_(std::move(fields))
     }
     rows_ = rows;
     Shape row_shape(field.array.shape().begin() + 1, field.array.shape().end());
-    row_bytes_ += shape_numel(row_shape) * dtype_size(field.array.dtype());
+    RowLayout layout;
+    layout.strides.assign(field.array.strides().begin() + 1, field.array.strides().end());
+    const size_t itemsize = dtype_size(field.array.dtype());
+    layout.row_step = static_cast<size_t>(field.array.strides()[0]) * itemsize;
+    layout.row_bytes = shape_numel(row_shape) * itemsize;
+    layout.contiguous = layout.strides == contiguous_strides(row_shape);
+    row_bytes_ += layout.row_bytes;
+    layouts_.push_back(std::move(layout));
     specs_.push_back({field.name, field.array.dtype(), std::move(row_shape)});
   }
 }
@@ -37,15 +45,19 @@ void ArraySource::read_sample(int64_t index, SampleWriter& writer) const {
     throw InvalidArgument("index " + std::to_string(index) + " out of range for " +
                           std::to_string(rows_) + " samples");
   }
+  const detail::Stores stores =
+      writer.prefers_streaming_stores() ? detail::Stores::kStreaming : detail::Stores::kCached;
   for (size_t f = 0; f < arrays_.size(); ++f) {
     const Tensor& array = arrays_[f].array;
+    const RowLayout& layout = layouts_[f];
     const Shape& row_shape = *specs_[f].shape;
-    const Shape row_strides(array.strides().begin() + 1, array.strides().end());
-    const size_t itemsize = dtype_size(array.dtype());
-    const std::byte* row = array.data() + static_cast<size_t>(index) *
-                                              static_cast<size_t>(array.strides()[0]) * itemsize;
+    const std::byte* row = array.data() + static_cast<size_t>(index) * layout.row_step;
     const std::span<std::byte> dst = writer.field_buffer(f, row_shape);
-    copy_strided(row, row_shape, row_strides, itemsize, dst.data());
+    if (layout.contiguous) {
+      detail::copy_with(stores, dst.data(), row, layout.row_bytes);
+    } else {
+      copy_strided(row, row_shape, layout.strides, dtype_size(array.dtype()), dst.data());
+    }
   }
 }
 

@@ -9,6 +9,7 @@
 
 #include "io/file_io.h"
 #include "io/guarded_copy.h"
+#include "io/resident_copy.h"
 #include "leanloader/core/checked_size.h"
 #include "leanloader/core/error.h"
 
@@ -19,8 +20,10 @@ namespace {
 // C-order rows up to this size are copied from a mapping of the file: a
 // pread's system call and page-cache lookup cost about as much as copying
 // 4 KiB (random 4 KiB rows, 2 threads, page cache: 6.3 GB/s by pread, 14-16
-// GB/s from the mapping; 64 KiB: 14.6 vs 17.3-17.8). Larger rows keep pread,
-// whose single request per row suits data that is not in the page cache.
+// GB/s from the mapping; 64 KiB: 14.6 vs 17.3-17.8). Larger rows are pread,
+// whose single request per row suits data that is not in the page cache,
+// unless they are in memory and go into a batch that wants streaming stores:
+// then they are copied from the mapping with those (io/resident_copy.h).
 constexpr size_t kMappedRowBytes = size_t{64} << 10;
 
 // The bytes of the array a header describes, checked: a shape whose
@@ -80,9 +83,8 @@ std::shared_ptr<NpySource> NpySource::from_arrays(
     array.row_shape.assign(header.shape.begin() + 1, header.shape.end());
     array.row_strides.assign(strides.begin() + 1, strides.end());
     array.row_step = static_cast<size_t>(strides[0]) * dtype_size(header.dtype);
-    if (header.fortran_order || (array.row_step <= kMappedRowBytes && total_bytes > 0)) {
-      array.mapping = MappedFile::open(path);
-    }
+    array.pread_rows = !header.fortran_order && array.row_step > kMappedRowBytes;
+    if (total_bytes > 0) array.mapping = MappedFile::open(path);
     if (source->rows_ >= 0 && header.shape[0] != source->rows_) {
       throw InvalidArgument("NpySource files disagree on the number of samples: '" +
                             fields.front().second + "' has " + std::to_string(source->rows_) +
@@ -141,19 +143,32 @@ void NpySource::read_from_arrays(int64_t index, SampleWriter& writer) const {
     const MappedArray& array = arrays_[f];
     const size_t offset = array.header.data_offset + static_cast<size_t>(index) * array.row_step;
     const std::span<std::byte> dst = writer.field_buffer(f, array.row_shape);
-    if (array.mapping == nullptr) {
+    if (dst.empty()) continue;
+    const auto no_longer_in_file = [&] {
+      return FormatError("'" + array.path + "': row " + std::to_string(index) +
+                         " is no longer in the file (it was truncated or rewritten while "
+                         "being read)");
+    };
+    // The mapping covers the file as it was at open; a row beyond the file's
+    // size then, or a page the file has lost since, is an error.
+    const bool mapped = range_fits(offset, dst.size(), array.mapping->size());
+    const detail::Stores stores =
+        writer.prefers_streaming_stores() ? detail::Stores::kStreaming : detail::Stores::kCached;
+    if (array.pread_rows) {
       // A C-order row is contiguous.
+      if (mapped && stores == detail::Stores::kStreaming) {
+        const detail::ResidentCopy copy = detail::copy_if_resident(
+            dst.data(), array.mapping->data() + offset, dst.size(), stores);
+        if (copy == detail::ResidentCopy::kCopied) continue;
+        if (copy == detail::ResidentCopy::kGone) throw no_longer_in_file();
+      }
       if (!array.reader->read_exact_noting_misses(offset, dst)) {
         storage_reads_.fetch_add(1, std::memory_order_relaxed);
       }
     } else if (!array.header.fortran_order) {
-      // The mapping covers the file as it was at open; a row beyond the
-      // file's size then, or a page the file has lost since, is an error.
-      if (!range_fits(offset, dst.size(), array.mapping->size()) ||
-          !detail::guarded_copy(dst.data(), array.mapping->data() + offset, dst.size())) {
-        throw FormatError("'" + array.path + "': row " + std::to_string(index) +
-                          " is no longer in the file (it was truncated or rewritten while "
-                          "being read)");
+      if (!mapped ||
+          !detail::guarded_copy(dst.data(), array.mapping->data() + offset, dst.size(), stores)) {
+        throw no_longer_in_file();
       }
     } else {
       copy_strided(array.mapping->data() + offset, array.row_shape, array.row_strides,
@@ -166,7 +181,7 @@ void NpySource::will_need(int64_t index) const noexcept {
   if (index < 0 || index >= rows_) return;
   for (const MappedArray& array : arrays_) {
     // Only the pread rows: C order, so a row's bytes are its step.
-    if (array.mapping != nullptr) continue;
+    if (!array.pread_rows) continue;
     array.reader->will_need(array.header.data_offset + static_cast<size_t>(index) * array.row_step,
                             array.row_step);
   }

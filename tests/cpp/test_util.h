@@ -1,8 +1,11 @@
 // Helpers shared by the C++ tests: temporary directories and .npy writing.
 #pragma once
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -87,6 +90,30 @@ template <typename T>
 void write_npy(const std::string& path, DType dtype, const Shape& shape,
                const std::vector<T>& values) {
   write_npy(path, dtype, shape, values.data(), values.size() * sizeof(T));
+}
+
+// Asks the kernel to drop `path`'s pages from the page cache; returns how
+// many pages stayed resident (tmpfs keeps them all; pages mapped by someone
+// may stay).
+inline size_t evict_from_page_cache(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) throw std::runtime_error("cannot open " + path);
+  ::fdatasync(fd);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  const auto size = static_cast<size_t>(std::filesystem::file_size(path));
+  size_t resident_pages = 0;
+  if (size > 0) {
+    void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+    std::vector<unsigned char> resident((size + 4095) / 4096);
+    if (map != MAP_FAILED) {
+      if (::mincore(map, size, resident.data()) != 0) resident.assign(resident.size(), 1);
+      ::munmap(map, size);
+    }
+    resident_pages = static_cast<size_t>(
+        std::count_if(resident.begin(), resident.end(), [](unsigned char r) { return r & 1; }));
+  }
+  ::close(fd);
+  return resident_pages;
 }
 
 }  // namespace leanloader::testing

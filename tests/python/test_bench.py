@@ -390,6 +390,27 @@ def test_epoch_figures_have_medians_and_ratios() -> None:
     assert ratios["epoch1_samples_per_s"] == 1.5 and ratios["epoch2_samples_per_s"] == 0.8
 
 
+def test_the_copy_and_read_yardstick_hands_out_every_batch_once() -> None:
+    from leanloader.bench.scenarios.arrays import SCENARIO
+    from leanloader.bench.yardstick import copied_batches, source_array
+
+    source = source_array((4, 1024), np.float32, total_bytes=16 * 4 * 1024 * 4)
+    assert len(source) == 16
+    seen = []
+    for batch in copied_batches(source, batches=40, threads=2):
+        (value,) = set(batch.reshape(-1).view(np.uint8).tolist())  # one whole batch
+        seen.append(value)
+    # Batch k is source[k % 16], copied by thread k % 2, in any order.
+    assert sorted(seen) == sorted(k % 16 for k in range(40))
+    # Left early, its threads end (the generator's close waits for them).
+    batches = copied_batches(source, batches=1000, threads=2)
+    next(batches)
+    batches.close()
+    # The arrays bench compares leanloader with it.
+    assert "copy-and-read" in {run.run_key for run in SCENARIO.loaders}
+    assert ("leanloader", "copy-and-read") in SCENARIO.ratios
+
+
 def test_memcpy_bandwidth_is_positive_and_checks_arguments() -> None:
     from leanloader import _core
 

@@ -29,7 +29,17 @@ class ArraySource final : public Source {
   size_t estimated_sample_bytes() const override { return row_bytes_; }
 
  private:
+  // How one field's rows are laid out, worked out once at construction (not
+  // per sample).
+  struct RowLayout {
+    Shape strides;            // elements, dimensions after the first
+    size_t row_step = 0;      // bytes between rows
+    size_t row_bytes = 0;     // bytes of a row in its batch
+    bool contiguous = false;  // a row is row_bytes consecutive bytes
+  };
+
   std::vector<Field> arrays_;
+  std::vector<RowLayout> layouts_;
   std::vector<FieldSpec> specs_;
   int64_t rows_ = 0;
   size_t row_bytes_ = 0;

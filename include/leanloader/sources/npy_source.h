@@ -4,11 +4,13 @@
 // - arrays: one .npy per field; row i of every file is sample i. A C-order
 //   row above 64 KiB is read with pread straight into the batch slot (no page
 //   faults in this process; a row not in the page cache is noticed, and the
-//   loader then announces the next rows so that many are read at once);
-//   smaller rows are copied from a mapping of the file (a pread per row cost
-//   as much as the copy); Fortran-ordered arrays are memory-mapped and their
-//   strided rows gathered. Either way the pages are page cache, shared by
-//   every thread and process.
+//   loader then announces the next rows so that many are read at once),
+//   unless the row is in memory and its batch wants streaming stores (a
+//   batch of several MiB: SampleWriter::prefers_streaming_stores), when it
+//   is copied from a mapping of the file with those; smaller rows are copied from a mapping of the
+//   file (a pread per row cost as much as the copy); Fortran-ordered arrays are memory-mapped and
+//   their strided rows gathered. Either way the pages are page cache, shared by every thread and
+//   process.
 // - directory: one .npy per sample (sorted by name), a single field; each
 //   read opens the file and preads its data straight into the batch slot.
 #pragma once
@@ -54,10 +56,13 @@ class NpySource final : public Source {
  private:
   struct MappedArray {
     std::string path;
-    std::shared_ptr<detail::File> reader;  // C order, large rows: rows are pread
+    std::shared_ptr<detail::File> reader;  // pread_rows: rows are pread
     // Fortran order: rows are gathered from it; C order, small rows: rows
-    // are copied from it (guarded against the file shrinking).
+    // are copied from it (guarded against the file shrinking); pread_rows:
+    // rows in memory are copied from it when the batch wants streaming
+    // stores. Null for an empty array.
     std::shared_ptr<MappedFile> mapping;
+    bool pread_rows = false;  // C order, rows above 64 KiB
     NpyHeader header;
     Shape row_shape;
     Shape row_strides;    // elements

@@ -58,6 +58,11 @@ class SampleWriter {
   // does not fit the batch (e.g. differs from the other samples of a stacked
   // batch).
   virtual std::span<std::byte> field_buffer(size_t field, const Shape& shape) = 0;
+  // True when the buffers field_buffer returns belong to a batch too large to
+  // still be in the CPU cache when it is read (several MiB): a source that
+  // copies bytes into them should bypass the cache (streaming stores), which
+  // moves fewer bytes over the memory bus. A hint; any copy is correct.
+  virtual bool prefers_streaming_stores() const { return false; }
   // The sample was read, but the user should hear about it (an image
   // decoded through corrupt data, as Pillow decodes it): the message, which
   // names the file, reaches the user with the sample's batch, and the

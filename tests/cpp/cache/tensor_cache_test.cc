@@ -55,6 +55,8 @@ void build(const std::string& cache, int count, size_t shard_bytes = 1000) {
 // Gives every field of one sample its own buffer.
 class BufferWriter final : public SampleWriter {
  public:
+  explicit BufferWriter(bool streaming = false) : streaming_(streaming) {}
+  bool prefers_streaming_stores() const override { return streaming_; }
   std::span<std::byte> field_buffer(size_t field, const Shape& shape) override {
     if (buffers.size() <= field) buffers.resize(field + 1);
     size_t bytes = shape_numel(shape) * (field == 0 ? 4 : 8);
@@ -68,6 +70,9 @@ class BufferWriter final : public SampleWriter {
     return out;
   }
   std::vector<std::vector<std::byte>> buffers;
+
+ private:
+  bool streaming_;
 };
 
 TEST(TensorCacheTest, ReadsEverySampleOfAShardedCache) {
@@ -115,18 +120,7 @@ TEST(TensorCacheTest, CountsGathersThatCameFromStorage) {
     size_t resident_pages = 0;
     for (const auto& item : fs::directory_iterator(cache_dir)) {
       if (item.path().extension() != ".safetensors") continue;
-      const int fd = ::open(item.path().c_str(), O_RDONLY);
-      EXPECT_GE(fd, 0);
-      ::fdatasync(fd);
-      ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-      const auto size = static_cast<size_t>(fs::file_size(item.path()));
-      void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
-      std::vector<unsigned char> resident((size + 4095) / 4096);
-      ::mincore(map, size, resident.data());
-      ::munmap(map, size);
-      ::close(fd);
-      resident_pages += static_cast<size_t>(
-          std::count_if(resident.begin(), resident.end(), [](unsigned char r) { return r & 1; }));
+      resident_pages += testing::evict_from_page_cache(item.path().string());
     }
     return resident_pages;
   };
@@ -144,6 +138,21 @@ TEST(TensorCacheTest, CountsGathersThatCameFromStorage) {
   cache->will_need(6);            // a hint: never throws, returns at once
   cache->read_sample(5, writer);  // now in the page cache
   EXPECT_EQ(cache->storage_reads(), after_first);
+}
+
+// Into batches that want streaming stores, tensors in memory are copied from
+// the shard's mapping instead of pread: the same bytes.
+TEST(TensorCacheTest, StreamingGathersReadTheSameBytes) {
+  TempDir dir;
+  build(dir.file("c"), 25);
+  const auto cache = TensorCache::open(dir.file("c"));
+  for (int64_t i = 0; i < cache->size(); ++i) {
+    BufferWriter cached;
+    BufferWriter streamed(/*streaming=*/true);
+    cache->read_sample(i, cached);
+    cache->read_sample(i, streamed);
+    ASSERT_EQ(cached.buffers, streamed.buffers) << i;
+  }
 }
 
 TEST(TensorCacheTest, EntriesAreZeroCopyViewsOfTheMapping) {

@@ -411,3 +411,49 @@ TEST(LoaderTest, BacksOffUnderMemoryPressureAndRecovers) {
 
 }  // namespace
 }  // namespace leanloader
+
+namespace leanloader {
+namespace {
+
+// Rows of `row_bytes` bytes; records whether the loader asked for streaming
+// stores on each read.
+class HintRecordingSource final : public Source {
+ public:
+  explicit HintRecordingSource(int64_t row_bytes)
+      : fields_{{"x", DType::kU8, Shape{row_bytes}}}, row_bytes_(static_cast<size_t>(row_bytes)) {}
+  int64_t size() const override { return 64; }
+  const std::vector<FieldSpec>& fields() const override { return fields_; }
+  void read_sample(int64_t index, SampleWriter& writer) const override {
+    std::span<std::byte> row = writer.field_buffer(0, *fields_[0].shape);
+    std::fill(row.begin(), row.end(), static_cast<std::byte>(index));
+    (writer.prefers_streaming_stores() ? streaming_reads : cached_reads)++;
+  }
+  std::string describe() const override { return "HintRecordingSource"; }
+  std::string sample_location(int64_t index) const override { return std::to_string(index); }
+  size_t estimated_sample_bytes() const override { return row_bytes_; }
+
+  mutable std::atomic<int> streaming_reads{0};
+  mutable std::atomic<int> cached_reads{0};
+
+ private:
+  std::vector<FieldSpec> fields_;
+  size_t row_bytes_;
+};
+
+// Batches of several MiB are filled with streaming stores (they leave the
+// cache before the consumer reads them); small ones with cached stores.
+TEST(LoaderTest, SourcesAreAskedForStreamingStoresInBatchesOfSeveralMiBOnly) {
+  const auto large = std::make_shared<HintRecordingSource>(256 << 10);
+  Loader large_batches(large, options(32, false, 2));  // 8 MiB batches
+  run_epoch(large_batches);
+  EXPECT_EQ(large->streaming_reads.load(), 64);
+  EXPECT_EQ(large->cached_reads.load(), 0);
+  const auto small = std::make_shared<HintRecordingSource>(256 << 10);
+  Loader small_batches(small, options(4, false, 2));  // 1 MiB batches
+  run_epoch(small_batches);
+  EXPECT_EQ(small->streaming_reads.load(), 0);
+  EXPECT_EQ(small->cached_reads.load(), 64);
+}
+
+}  // namespace
+}  // namespace leanloader

@@ -23,7 +23,9 @@ using testing::write_npy;
 // Collects one sample into owned buffers.
 class CollectingWriter final : public SampleWriter {
  public:
-  explicit CollectingWriter(const Source& source) : source_(source) {}
+  explicit CollectingWriter(const Source& source, bool streaming = false)
+      : source_(source), streaming_(streaming) {}
+  bool prefers_streaming_stores() const override { return streaming_; }
   std::span<std::byte> field_buffer(size_t field, const Shape& shape) override {
     if (buffers.size() <= field) {
       buffers.resize(field + 1);
@@ -34,6 +36,7 @@ class CollectingWriter final : public SampleWriter {
     return {buffers[field].data(), buffers[field].size()};
   }
   const Source& source_;
+  const bool streaming_;
   std::vector<std::vector<std::byte>> buffers;
   std::vector<Shape> shapes;
 };
@@ -141,28 +144,30 @@ TEST(NpySourceTest, FileTruncatedWhileOpenIsAnErrorNotACrash) {
     const int64_t rows = 16;
     std::vector<float> x(static_cast<size_t>(rows * row_values));
     std::iota(x.begin(), x.end(), 0.0f);
-    write_npy(dir.file("x.npy"), DType::kF32, {rows, row_values}, x);
-    const auto source = NpySource::from_arrays({{"x", dir.file("x.npy")}});
-    CollectingWriter writer(*source);
-    source->read_sample(rows - 1, writer);
-    EXPECT_EQ(reinterpret_cast<const float*>(writer.buffers[0].data())[0],
-              static_cast<float>((rows - 1) * row_values));
-    // Keep the header (128 bytes) and the first two rows.
-    const auto kept = static_cast<off_t>(128 + 2 * row_values * 4 + 100);
-    ASSERT_EQ(::truncate(dir.file("x.npy").c_str(), kept), 0);
-    try {
-      source->read_sample(rows - 2, writer);
-      FAIL() << "read a row the file no longer has";
-    } catch (const FormatError& e) {
-      EXPECT_NE(std::string(e.what()).find("x.npy"), std::string::npos) << e.what();
-      if (row_values == 1024) {  // the mapped path (a pread would be "truncated")
-        EXPECT_NE(std::string(e.what()).find("no longer in the file"), std::string::npos)
-            << e.what();
+    for (const bool streaming : {false, true}) {
+      write_npy(dir.file("x.npy"), DType::kF32, {rows, row_values}, x);
+      const auto source = NpySource::from_arrays({{"x", dir.file("x.npy")}});
+      CollectingWriter writer(*source, streaming);
+      source->read_sample(rows - 1, writer);
+      EXPECT_EQ(reinterpret_cast<const float*>(writer.buffers[0].data())[0],
+                static_cast<float>((rows - 1) * row_values));
+      // Keep the header (128 bytes) and the first two rows.
+      const auto kept = static_cast<off_t>(128 + 2 * row_values * 4 + 100);
+      ASSERT_EQ(::truncate(dir.file("x.npy").c_str(), kept), 0);
+      try {
+        source->read_sample(rows - 2, writer);
+        FAIL() << "read a row the file no longer has";
+      } catch (const FormatError& e) {
+        EXPECT_NE(std::string(e.what()).find("x.npy"), std::string::npos) << e.what();
+        if (row_values == 1024) {  // the mapped path (a pread would be "truncated")
+          EXPECT_NE(std::string(e.what()).find("no longer in the file"), std::string::npos)
+              << e.what();
+        }
       }
+      // rows still in the file read as before
+      source->read_sample(0, writer);
+      EXPECT_EQ(reinterpret_cast<const float*>(writer.buffers[0].data())[1], 1.0f);
     }
-    // rows still in the file read as before
-    source->read_sample(0, writer);
-    EXPECT_EQ(reinterpret_cast<const float*>(writer.buffers[0].data())[1], 1.0f);
   }
 }
 
@@ -174,18 +179,7 @@ TEST(NpySourceTest, CountsRowsThatCameFromStorage) {
   const int64_t rows = 16, row_values = 65536;  // 256 KiB rows: the pread path
   std::vector<float> x(static_cast<size_t>(rows * row_values), 1.0f);
   write_npy(dir.file("x.npy"), DType::kF32, {rows, row_values}, x);
-  const int fd = ::open(dir.file("x.npy").c_str(), O_RDONLY);
-  ASSERT_GE(fd, 0);
-  ::fdatasync(fd);
-  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-  struct stat st {};
-  ::fstat(fd, &st);
-  void* map = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_SHARED, fd, 0);
-  std::vector<unsigned char> resident((static_cast<size_t>(st.st_size) + 4095) / 4096);
-  ::mincore(map, static_cast<size_t>(st.st_size), resident.data());
-  ::munmap(map, static_cast<size_t>(st.st_size));
-  ::close(fd);
-  if (std::count_if(resident.begin(), resident.end(), [](unsigned char r) { return r & 1; }) > 4) {
+  if (testing::evict_from_page_cache(dir.file("x.npy")) > 4) {
     GTEST_SKIP() << "the file system keeps the file in memory (tmpfs?)";
   }
   const auto source = NpySource::from_arrays({{"x", dir.file("x.npy")}});
@@ -196,6 +190,40 @@ TEST(NpySourceTest, CountsRowsThatCameFromStorage) {
   EXPECT_EQ(reinterpret_cast<const float*>(writer.buffers[0].data())[5], 1.0f);
   source->read_sample(7, writer);  // now in the page cache
   EXPECT_EQ(source->storage_reads(), before + 1);
+}
+
+// Into a batch that wants streaming stores, large rows in memory are copied
+// from the mapping and rows not in memory are still pread (and counted, so
+// the loader still announces the next rows): the same bytes either way.
+TEST(NpySourceTest, StreamingLargeRowsReadTheSameBytesInMemoryOrNot) {
+  TempDir dir;
+  const int64_t rows = 32, row_values = 65536;  // 256 KiB rows, 8 MiB
+  std::vector<float> x(static_cast<size_t>(rows * row_values));
+  std::iota(x.begin(), x.end(), 0.0f);
+  write_npy(dir.file("x.npy"), DType::kF32, {rows, row_values}, x);
+  const auto source = NpySource::from_arrays({{"x", dir.file("x.npy")}});
+  CollectingWriter writer(*source, /*streaming=*/true);
+  const uint64_t before = source->storage_reads();
+  const auto expect_row = [&](int64_t row) {
+    source->read_sample(row, writer);
+    ASSERT_EQ(std::memcmp(writer.buffers[0].data(), x.data() + row * row_values,
+                          static_cast<size_t>(row_values) * 4),
+              0)
+        << row;
+  };
+  for (int64_t row = 0; row < 4; ++row) expect_row(row);
+  EXPECT_EQ(source->storage_reads(), before);  // all in the page cache
+  // Rows 0-3 were copied from the source's mapping, so their pages stay (a
+  // pread maps nothing), with the rest of any large folio they share; the
+  // last rows go, where the file system lets them (not tmpfs).
+  const size_t resident = testing::evict_from_page_cache(dir.file("x.npy"));
+  expect_row(28);
+  expect_row(2);
+  if (resident > 16 * 64) {
+    GTEST_SKIP() << resident << " pages stayed: the file system keeps the file in memory (tmpfs?)";
+  }
+  EXPECT_GE(resident, size_t{4 * 64}) << "rows in memory were not copied from the mapping";
+  EXPECT_EQ(source->storage_reads(), before + 1);  // row 28: pread from storage
 }
 
 TEST(NpySourceTest, MissingFileIsNotFound) {

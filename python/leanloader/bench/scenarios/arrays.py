@@ -25,6 +25,10 @@ beyond its bytes shows at 4 KiB (tabular rows, token windows).
   (``PipelineBuilder.aggregate``), each batch gathered from the memory-mapped
   array by NumPy's fancy indexing in a stage of concurrency 2 on 2 threads,
   handed out as a torch tensor.
+- ``copy-and-read`` (a yardstick, not a loader): 2 threads each copy whole
+  16 MiB batches from an array in RAM with one memcpy and the consumer reads
+  them (``leanloader.bench.yardstick``): the most any loader can reach while
+  the consumer reads every byte on the same cores.
 - ``torch-forkserver``: the same with ``multiprocessing_context="forkserver"``,
   Linux's default from Python 3.14 and the safe choice once CUDA is
   initialised (fork deadlocks then, seed 003): each worker imports torch itself.
@@ -209,6 +213,20 @@ def iterate_spdl(context: LoaderContext) -> Iterator[Any]:
             yield from pipeline
 
 
+def _yardstick_source(context: LoaderContext) -> np.ndarray:
+    from leanloader.bench.yardstick import source_array
+
+    return source_array((BATCH_SIZE, ROW_VALUES), np.float32)
+
+
+def iterate_copy_and_read(context: LoaderContext) -> Iterator[Any]:
+    from leanloader.bench.yardstick import copied_batches
+
+    batches = int(context.size["rows"]) // BATCH_SIZE
+    for _epoch in range(int(context.size["epochs"])):
+        yield from copied_batches(context.prepared, batches, THREADS, context.options["output"])
+
+
 def _describe_size(size: Mapping[str, Any]) -> str:
     rows = int(size["rows"])
     gib = rows * ROW_BYTES / 2**30
@@ -282,6 +300,16 @@ SCENARIO = Scenario(
             imports=("spdl.pipeline", "torch"),
             label=f"SPDL pipeline, batches gathered from the memory map, {THREADS} threads",
         ),
+        LoaderRun(
+            name="copy-and-read",
+            function=iterate_copy_and_read,
+            threads=THREADS,
+            imports=("torch",) if _OUTPUT == "torch" else (),
+            options={"output": _OUTPUT},
+            setup=_yardstick_source,
+            label=f"yardstick: {THREADS} threads memcpy whole 16 MiB batches from RAM "
+            "(no loader), the consumer reads them",
+        ),
         *(
             LoaderRun(
                 name="leanloader",
@@ -297,7 +325,12 @@ SCENARIO = Scenario(
             for row_kib in SWEEP_ROW_KIB
         ),
     ),
-    ratios=(("leanloader", "torch"), ("leanloader", "torch-forkserver"), ("leanloader", "spdl")),
+    ratios=(
+        ("leanloader", "torch"),
+        ("leanloader", "torch-forkserver"),
+        ("leanloader", "spdl"),
+        ("leanloader", "copy-and-read"),
+    ),
     goals=(
         Goal("samples/s ≥ 3× torch", "samples_per_s", at_least=3.0, ratio="leanloader/torch"),
         Goal("samples/s ≥ 2× SPDL", "samples_per_s", at_least=2.0, ratio="leanloader/spdl"),

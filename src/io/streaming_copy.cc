@@ -1,0 +1,57 @@
+#include "io/streaming_copy.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
+
+namespace leanloader::detail {
+
+void copy_with_streaming_stores(void* dst, const void* src, size_t bytes) noexcept {
+#if defined(__x86_64__)
+  constexpr size_t kLine = 64;
+  auto* out = static_cast<std::byte*>(dst);
+  const auto* in = static_cast<const std::byte*>(src);
+  // Streaming stores of partial lines would be slower than cached ones: the
+  // unaligned head goes through memcpy, then whole lines.
+  const size_t head = std::min(bytes, (kLine - reinterpret_cast<uintptr_t>(out) % kLine) % kLine);
+  std::memcpy(out, in, head);
+  out += head;
+  in += head;
+  bytes -= head;
+  // SSE2 is part of x86-64: no dispatch. Wider stores fill the same
+  // write-combining buffers no faster; the loads are unaligned (a row's
+  // source offset is the file's).
+  for (const std::byte* end = in + bytes / kLine * kLine; in != end; in += kLine, out += kLine) {
+    const auto* from = reinterpret_cast<const __m128i*>(in);
+    auto* to = reinterpret_cast<__m128i*>(out);
+    const __m128i a = _mm_loadu_si128(from);
+    const __m128i b = _mm_loadu_si128(from + 1);
+    const __m128i c = _mm_loadu_si128(from + 2);
+    const __m128i d = _mm_loadu_si128(from + 3);
+    _mm_stream_si128(to, a);
+    _mm_stream_si128(to + 1, b);
+    _mm_stream_si128(to + 2, c);
+    _mm_stream_si128(to + 3, d);
+  }
+  // Streaming stores are weakly ordered: fence them before whoever publishes
+  // the batch (a release store on this thread) can be seen.
+  _mm_sfence();
+  std::memcpy(out, in, bytes % kLine);
+#else
+  std::memcpy(dst, src, bytes);
+#endif
+}
+
+void copy_with(Stores stores, void* dst, const void* src, size_t bytes) noexcept {
+  if (stores == Stores::kStreaming) {
+    copy_with_streaming_stores(dst, src, bytes);
+  } else {
+    std::memcpy(dst, src, bytes);
+  }
+}
+
+}  // namespace leanloader::detail
