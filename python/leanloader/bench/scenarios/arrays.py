@@ -25,6 +25,14 @@ beyond its bytes shows at 4 KiB (tabular rows, token windows).
   (``PipelineBuilder.aggregate``), each batch gathered from the memory-mapped
   array by NumPy's fancy indexing in a stage of concurrency 2 on 2 threads,
   handed out as a torch tensor.
+- ``grain`` (when Grain is installed: ``make bench`` installs it): Grain's
+  ``MapDataset`` over the memory-mapped rows, shuffled, batched by its default
+  batch function (``np.stack``, one copy per row), read by 2 threads
+  (``ReadOptions(num_threads=2, prefetch_buffer_size=4)``).
+- ``torchdata`` (when torchdata is installed): ``torchdata.nodes`` with a
+  ``RandomSampler``, the indices batched, each batch gathered from the memory
+  map by NumPy's fancy indexing in a ``ParallelMapper`` of 2 threads, a
+  ``Prefetcher``, in a ``Loader``.
 - ``copy-and-read`` (a yardstick, not a loader): 2 threads each copy whole
   16 MiB batches from an array in RAM with one memcpy and the consumer reads
   them (``leanloader.bench.yardstick``): the most any loader can reach while
@@ -213,6 +221,50 @@ def iterate_spdl(context: LoaderContext) -> Iterator[Any]:
             yield from pipeline
 
 
+def iterate_grain(context: LoaderContext) -> Iterator[Any]:
+    import grain
+    import torch
+
+    rows = np.load(context.data["path"], mmap_mode="r")
+    for epoch in range(int(context.size["epochs"])):
+        # Grain's MapDataset pipeline as its documentation builds one: a
+        # random-access source, a global shuffle, batches stacked by its
+        # default batch function (one copy per row), read by a thread pool of
+        # the same size as everyone's, a few batches prefetched (its default
+        # buffer, 500 elements, would be 500 batches of 16 MiB here).
+        dataset = (
+            grain.MapDataset.source(rows)
+            .shuffle(seed=context.seed + epoch)
+            .batch(BATCH_SIZE)
+            .to_iter_dataset(
+                grain.ReadOptions(num_threads=THREADS, prefetch_buffer_size=2 * THREADS)
+            )
+        )
+        for batch in dataset:
+            yield torch.from_numpy(batch)
+
+
+def iterate_torchdata(context: LoaderContext) -> Iterator[Any]:
+    import torch
+    import torchdata.nodes as nodes
+    from torch.utils.data import RandomSampler
+
+    rows = np.load(context.data["path"], mmap_mode="r")
+
+    def gather(indices: list[int]) -> Any:
+        return torch.from_numpy(rows[np.asarray(indices)])  # one copy per row, as SPDL's
+
+    # torchdata.nodes as its documentation composes a loader: a sampler, its
+    # indices batched, each batch gathered in a thread pool (in order), a
+    # prefetcher; the Loader restarts the graph each epoch (a new shuffle).
+    sampler = RandomSampler(range(len(rows)), generator=torch.Generator().manual_seed(context.seed))
+    node = nodes.Batcher(nodes.SamplerWrapper(sampler), batch_size=BATCH_SIZE, drop_last=False)
+    node = nodes.ParallelMapper(node, map_fn=gather, num_workers=THREADS, method="thread")
+    loader = nodes.Loader(nodes.Prefetcher(node, prefetch_factor=2))
+    for _epoch in range(int(context.size["epochs"])):
+        yield from loader
+
+
 def _yardstick_source(context: LoaderContext) -> np.ndarray:
     from leanloader.bench.yardstick import source_array
 
@@ -301,6 +353,20 @@ SCENARIO = Scenario(
             label=f"SPDL pipeline, batches gathered from the memory map, {THREADS} threads",
         ),
         LoaderRun(
+            name="grain",
+            function=iterate_grain,
+            threads=THREADS,
+            imports=("grain", "torch"),
+            label=f"Grain MapDataset, batches stacked from the memory map, {THREADS} read threads",
+        ),
+        LoaderRun(
+            name="torchdata",
+            function=iterate_torchdata,
+            threads=THREADS,
+            imports=("torchdata.nodes", "torch"),
+            label=f"torchdata.nodes, batches gathered from the memory map, {THREADS} threads",
+        ),
+        LoaderRun(
             name="copy-and-read",
             function=iterate_copy_and_read,
             threads=THREADS,
@@ -329,11 +395,25 @@ SCENARIO = Scenario(
         ("leanloader", "torch"),
         ("leanloader", "torch-forkserver"),
         ("leanloader", "spdl"),
+        ("leanloader", "grain"),
+        ("leanloader", "torchdata"),
         ("leanloader", "copy-and-read"),
     ),
     goals=(
         Goal("samples/s ≥ 3× torch", "samples_per_s", at_least=3.0, ratio="leanloader/torch"),
-        Goal("samples/s ≥ 2× SPDL", "samples_per_s", at_least=2.0, ratio="leanloader/spdl"),
+        *(
+            Goal(f"samples/s ≥ 2× {peer}", "samples_per_s", at_least=2.0, ratio=f"leanloader/{key}")
+            for peer, key in (("SPDL", "spdl"), ("Grain", "grain"), ("torchdata", "torchdata"))
+        ),
+        *(
+            Goal(
+                f"CPU s per 1k samples ≤ ½ {peer}",
+                "cpu_s_per_1k_samples",
+                at_most=0.5,
+                ratio=f"leanloader/{key}",
+            )
+            for peer, key in (("SPDL", "spdl"), ("Grain", "grain"), ("torchdata", "torchdata"))
+        ),
         Goal(
             "peak unreclaimable memory ≤ ½ torch (fork workers)",
             "peak_unreclaimable_bytes",
