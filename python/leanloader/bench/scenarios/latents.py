@@ -18,6 +18,13 @@ those files (256 MiB shards).
   leanloader side's ``TensorCache`` is built untimed by ``prepare``. Start-up
   work is counted alike: neither cache's creation is in the timed run, and
   both loaders' construction (workers, pickling, mapping) is.
+- ``grain``, ``torchdata``, ``spdl`` (each when installed: ``make bench``
+  installs them): the peers on leanloader's own shard files
+  (``ShardSamples``: ``safe_open`` once per shard, ``get_tensor`` per
+  tensor, batches by ``torch.stack``), shuffled, 2 threads, configured as
+  in the arrays scenario: the engine compared, not the file format.
+- ``copy-and-read``: the arrays scenario's yardstick with this batch size
+  (``leanloader.bench.yardstick``).
 - ``torch-files`` (baseline b, ``cache_latents_to_disk: true``): a Dataset of
   paths whose ``__getitem__`` calls ``safetensors.torch.load_file``;
   ``DataLoader(num_workers=2, spawn, persistent_workers=True)``.
@@ -195,6 +202,115 @@ def iterate_torch_files(context: LoaderContext) -> Iterator[Any]:
     yield from _iterate_torch(context, SafetensorsFiles(context.data["files"]))
 
 
+class ShardSamples:
+    """The samples of leanloader's own shard files, read by a peer loader as a
+    user of safetensors would: each shard opened once per process with
+    ``safe_open`` (a mapping), each tensor taken with ``get_tensor``; which
+    shard and slot a sample is in comes from the cache's manifest. The same
+    bytes in the same files as the leanloader row, so the comparison is the
+    engine's, not the format's."""
+
+    def __init__(self, cache_dir: str) -> None:
+        manifest = json.loads((Path(cache_dir) / "manifest.json").read_text())
+        self.shards = [str(Path(cache_dir) / shard["file"]) for shard in manifest["shards"]]
+        self.entries = [(entry["shard"], entry["slot"]) for entry in manifest["entries"]]
+        self._open: dict[int, Any] = {}
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def _shard(self, shard: int) -> Any:
+        handle = self._open.get(shard)
+        if handle is None:
+            from safetensors import safe_open
+
+            handle = self._open.setdefault(shard, safe_open(self.shards[shard], framework="pt"))
+        return handle
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        shard, slot = self.entries[index]
+        handle = self._shard(shard)
+        return {name: handle.get_tensor(f"{slot}/{name}") for name in ("latent", "text_embedding")}
+
+
+def _stack(samples: Any) -> dict[str, Any]:
+    import torch
+
+    return {name: torch.stack([sample[name] for sample in samples]) for name in samples[0]}
+
+
+def iterate_grain(context: LoaderContext) -> Iterator[Any]:
+    import grain
+
+    samples = ShardSamples(context.data["cache"])
+    for epoch in range(int(context.size["epochs"])):
+        # As the arrays scenario's Grain row: a shuffled MapDataset, batches
+        # made by a batch function (torch.stack: NumPy has no bfloat16) in 2
+        # read threads, a few batches prefetched.
+        dataset = (
+            grain.MapDataset.source(samples)
+            .shuffle(seed=context.seed + epoch)
+            .batch(BATCH_SIZE, batch_fn=_stack)
+            .to_iter_dataset(
+                grain.ReadOptions(num_threads=THREADS, prefetch_buffer_size=2 * THREADS)
+            )
+        )
+        yield from dataset
+
+
+def iterate_torchdata(context: LoaderContext) -> Iterator[Any]:
+    import torch
+    import torchdata.nodes as nodes
+    from torch.utils.data import RandomSampler
+
+    samples = ShardSamples(context.data["cache"])
+    sampler = RandomSampler(
+        range(len(samples)), generator=torch.Generator().manual_seed(context.seed)
+    )
+    node = nodes.Batcher(nodes.SamplerWrapper(sampler), batch_size=BATCH_SIZE, drop_last=False)
+    node = nodes.ParallelMapper(
+        node,
+        map_fn=lambda indices: _stack([samples[i] for i in indices]),
+        num_workers=THREADS,
+        method="thread",
+    )
+    loader = nodes.Loader(nodes.Prefetcher(node, prefetch_factor=2))
+    for _epoch in range(int(context.size["epochs"])):
+        yield from loader
+
+
+def iterate_spdl(context: LoaderContext) -> Iterator[Any]:
+    from spdl.pipeline import PipelineBuilder
+
+    samples = ShardSamples(context.data["cache"])
+    order = np.random.default_rng(context.seed)
+    for _epoch in range(int(context.size["epochs"])):
+        pipeline = (
+            PipelineBuilder()
+            .add_source(order.permutation(len(samples)).tolist())
+            .aggregate(BATCH_SIZE)
+            .pipe(lambda indices: _stack([samples[i] for i in indices]), concurrency=THREADS)
+            .add_sink(2)
+            .build(num_threads=THREADS)
+        )
+        with pipeline.auto_stop():
+            yield from pipeline
+
+
+def _yardstick_source(context: LoaderContext) -> np.ndarray:
+    from leanloader.bench.yardstick import source_array
+
+    return source_array((BATCH_SIZE, SAMPLE_BYTES), np.uint8)
+
+
+def iterate_copy_and_read(context: LoaderContext) -> Iterator[Any]:
+    from leanloader.bench.yardstick import copied_batches
+
+    batches = -(-int(context.size["samples"]) // BATCH_SIZE)
+    for _epoch in range(int(context.size["epochs"])):
+        yield from copied_batches(context.prepared, batches, THREADS, "torch")
+
+
 def _describe_size(size: Mapping[str, Any]) -> str:
     samples = int(size["samples"])
     epochs = int(size["epochs"])
@@ -237,8 +353,45 @@ SCENARIO = Scenario(
             imports=("torch", "safetensors"),
             label=f"torch DataLoader, load_file per sample, {THREADS} spawned workers",
         ),
+        LoaderRun(
+            name="grain",
+            function=iterate_grain,
+            threads=THREADS,
+            imports=("grain", "torch", "safetensors"),
+            label=f"Grain MapDataset on the same shard files (safe_open), {THREADS} read threads",
+        ),
+        LoaderRun(
+            name="torchdata",
+            function=iterate_torchdata,
+            threads=THREADS,
+            imports=("torchdata.nodes", "torch", "safetensors"),
+            label=f"torchdata.nodes on the same shard files (safe_open), {THREADS} threads",
+        ),
+        LoaderRun(
+            name="spdl",
+            function=iterate_spdl,
+            threads=THREADS,
+            imports=("spdl.pipeline", "torch", "safetensors"),
+            label=f"SPDL pipeline on the same shard files (safe_open), {THREADS} threads",
+        ),
+        LoaderRun(
+            name="copy-and-read",
+            function=iterate_copy_and_read,
+            setup=_yardstick_source,
+            threads=THREADS,
+            imports=("torch",),
+            label=f"yardstick: {THREADS} threads memcpy whole batches from RAM (no loader), "
+            "the consumer reads them",
+        ),
     ),
-    ratios=(("leanloader", "torch-files"), ("leanloader", "torch-ram")),
+    ratios=(
+        ("leanloader", "torch-files"),
+        ("leanloader", "torch-ram"),
+        ("leanloader", "grain"),
+        ("leanloader", "torchdata"),
+        ("leanloader", "spdl"),
+        ("leanloader", "copy-and-read"),
+    ),
     goals=(
         Goal(
             "samples/s ≥ 3× torch-files",
@@ -257,6 +410,21 @@ SCENARIO = Scenario(
             "peak_unreclaimable_bytes",
             at_most=0.5,
             ratio="leanloader/torch-files",
+        ),
+        *(
+            Goal(
+                f"samples/s ≥ 2× {peer} on the same shard files",
+                "samples_per_s",
+                at_least=2.0,
+                ratio=f"leanloader/{key}",
+            )
+            for peer, key in (("Grain", "grain"), ("torchdata", "torchdata"), ("SPDL", "spdl"))
+        ),
+        Goal(
+            "batch assembly ≥ 90% of memcpy",
+            "fraction_of_memcpy",
+            at_least=0.9,
+            loader="leanloader",
         ),
         Goal(
             "batch assembly ≥ 60% of memcpy",
