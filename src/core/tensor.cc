@@ -1,7 +1,10 @@
 #include "leanloader/core/tensor.h"
 
+#include <array>
 #include <cstring>
 #include <limits>
+#include <span>
+#include <vector>
 
 #include "leanloader/core/checked_size.h"
 #include "leanloader/core/error.h"
@@ -129,8 +132,8 @@ void Tensor::copy_to(std::byte* dst) const {
 namespace {
 
 // Copies dimension `dim` onwards; the innermost contiguous run uses memcpy.
-std::byte* copy_dim(const std::byte* src, const Shape& shape, const Shape& strides, size_t itemsize,
-                    size_t dim, std::byte* dst) {
+std::byte* copy_dim(const std::byte* src, std::span<const int64_t> shape,
+                    std::span<const int64_t> strides, size_t itemsize, size_t dim, std::byte* dst) {
   if (dim + 1 == shape.size() && strides[dim] == 1) {
     const size_t bytes = static_cast<size_t>(shape[dim]) * itemsize;
     std::memcpy(dst, src, bytes);
@@ -155,24 +158,38 @@ void copy_strided(const std::byte* src, const Shape& shape, const Shape& strides
   if (shape_numel(shape) == 0) return;
   // Merge each dimension into its inner neighbour when the two are laid out
   // contiguously, so that a contiguous block becomes one memcpy and a strided
-  // view copies runs as long as its layout allows.
-  Shape merged_shape;
-  Shape merged_strides;
+  // view copies runs as long as its layout allows. Sources call this per
+  // sample: the merged layout lives on the stack up to 16 dimensions.
+  constexpr size_t kInlineDims = 16;
+  std::array<int64_t, kInlineDims> inline_shape{};
+  std::array<int64_t, kInlineDims> inline_strides{};
+  std::vector<int64_t> heap_shape;
+  std::vector<int64_t> heap_strides;
+  int64_t* merged_shape = inline_shape.data();
+  int64_t* merged_strides = inline_strides.data();
+  if (shape.size() > kInlineDims) {
+    heap_shape.resize(shape.size());
+    heap_strides.resize(shape.size());
+    merged_shape = heap_shape.data();
+    merged_strides = heap_strides.data();
+  }
+  size_t dims = 0;
   for (size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] == 1) continue;
-    if (!merged_shape.empty() && merged_strides.back() == strides[i] * shape[i]) {
-      merged_shape.back() *= shape[i];
-      merged_strides.back() = strides[i];
+    if (dims > 0 && merged_strides[dims - 1] == strides[i] * shape[i]) {
+      merged_shape[dims - 1] *= shape[i];
+      merged_strides[dims - 1] = strides[i];
     } else {
-      merged_shape.push_back(shape[i]);
-      merged_strides.push_back(strides[i]);
+      merged_shape[dims] = shape[i];
+      merged_strides[dims] = strides[i];
+      ++dims;
     }
   }
-  if (merged_shape.empty() || (merged_shape.size() == 1 && merged_strides[0] == 1)) {
+  if (dims == 0 || (dims == 1 && merged_strides[0] == 1)) {
     std::memcpy(dst, src, shape_numel(shape) * itemsize);
     return;
   }
-  copy_dim(src, merged_shape, merged_strides, itemsize, 0, dst);
+  copy_dim(src, {merged_shape, dims}, {merged_strides, dims}, itemsize, 0, dst);
 }
 
 }  // namespace leanloader

@@ -13,42 +13,12 @@
 #include <thread>
 #include <vector>
 
+#include "allocation_hooks.h"
 #include "leanloader/core/error.h"
 #include "leanloader/pipeline/batch_pool.h"
 #include "leanloader/pipeline/executor.h"
 #include "leanloader/pipeline/loader.h"
 #include "leanloader/sources/array_source.h"
-
-// Allocation failure on demand: while armed, an allocation of exactly
-// `g_failing_size` bytes throws std::bad_alloc, as a real failure would. The
-// size is one no other code asks for (see AllocationFailureInsideAJob...).
-// Replacing the global operator new is allowed in a program; it serves every
-// other allocation with malloc, as the default one does.
-namespace {
-std::atomic<size_t> g_failing_size{0};
-std::atomic<int> g_failures{0};
-}  // namespace
-
-void* operator new(size_t size) {
-  const size_t failing = g_failing_size.load(std::memory_order_relaxed);
-  if (failing != 0 && size == failing) {
-    ++g_failures;
-    throw std::bad_alloc();
-  }
-  if (void* memory = std::malloc(size == 0 ? 1 : size)) return memory;
-  throw std::bad_alloc();
-}
-// GCC sees free() of what it knows as operator new's memory; here operator
-// new is ours and takes it from malloc.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-#endif
-void operator delete(void* memory) noexcept { std::free(memory); }
-void operator delete(void* memory, size_t /*size*/) noexcept { std::free(memory); }
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
 
 namespace leanloader {
 namespace {
@@ -106,30 +76,30 @@ TEST(JobFailureTest, AFailedReadOfAvailableMemoryIsAnErrorAtTheConsumer) {
 
 TEST(JobFailureTest, AllocationFailureInsideAJobIsAnErrorAtTheConsumer) {
   // A batch's bookkeeping holds one int64 sample index per row: with 77,777
-  // rows that is one allocation of exactly 622,216 bytes, inside the worker
-  // that opens the batch.
+  // rows that is one allocation of exactly 622,216 bytes (a size no other
+  // code asks for), inside the worker that opens the batch.
   constexpr int64_t kRows = 77'777;
   LoaderOptions options;
   options.batch_size = kRows;
   options.num_threads = 2;
   options.prefetch = 1;
   Loader loader(byte_source(kRows * 2), options);
-  g_failures = 0;
-  g_failing_size = static_cast<size_t>(kRows) * sizeof(int64_t);
+  testing::failed_allocations = 0;
+  testing::failing_allocation_bytes = static_cast<size_t>(kRows) * sizeof(int64_t);
   {
     auto iterator = loader.iterate();
     Batch batch;
     try {
       iterator->next(batch, 10s);
-      g_failing_size = 0;
+      testing::failing_allocation_bytes = 0;
       FAIL() << "expected the allocation failure at the consumer";
     } catch (const SampleError& error) {
-      g_failing_size = 0;
+      testing::failing_allocation_bytes = 0;
       EXPECT_EQ(error.stage(), "open batch");
       EXPECT_EQ(error.kind(), ErrorKind::kOutOfMemory) << error.what();
     }
   }
-  EXPECT_GE(g_failures.load(), 1);
+  EXPECT_GE(testing::failed_allocations.load(), 1);
   EXPECT_EQ(drain(loader), kRows * 2);
 }
 
