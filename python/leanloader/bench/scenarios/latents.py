@@ -420,6 +420,15 @@ SCENARIO = Scenario(
             )
             for peer, key in (("Grain", "grain"), ("torchdata", "torchdata"), ("SPDL", "spdl"))
         ),
+        *(
+            Goal(
+                f"CPU s per 1k samples ≤ ½ {peer}",
+                "cpu_s_per_1k_samples",
+                at_most=0.5,
+                ratio=f"leanloader/{key}",
+            )
+            for peer, key in (("Grain", "grain"), ("torchdata", "torchdata"), ("SPDL", "spdl"))
+        ),
         Goal(
             "batch assembly ≥ 90% of memcpy",
             "fraction_of_memcpy",
