@@ -46,6 +46,16 @@ void copy_with_streaming_stores(void* dst, const void* src, size_t bytes) noexce
 #endif
 }
 
+void prefetch_for_copy(const void* src, size_t bytes) noexcept {
+  // A 4 KiB page: past its first page a row's lines come in sequence, which
+  // the hardware prefetchers follow on their own.
+  constexpr size_t kLine = 64;
+  constexpr size_t kMostBytes = 4096;
+  const auto* first = static_cast<const std::byte*>(src);
+  const std::byte* end = first + std::min(bytes, kMostBytes);
+  for (const std::byte* line = first; line < end; line += kLine) __builtin_prefetch(line);
+}
+
 void copy_with(Stores stores, void* dst, const void* src, size_t bytes) noexcept {
   if (stores == Stores::kStreaming) {
     copy_with_streaming_stores(dst, src, bytes);

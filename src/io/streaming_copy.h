@@ -34,6 +34,14 @@ inline constexpr size_t kStreamingBatchBytes = size_t{4} << 20;
 // not overlap.
 void copy_with_streaming_stores(void* dst, const void* src, size_t bytes) noexcept;
 
+// Asks the CPU to start loading the first 4 KiB of [src, src + bytes) into
+// its cache (prefetch instructions: no fault, no system call; an address
+// that is not mapped is ignored). Measured on 4 KiB rows of a shuffled pass
+// hinted one row ahead (Source::will_read), 2 threads, no consumer, 5
+// alternating pairs: 1.31 -> 1.39 million rows/s (+6%); 64 KiB rows: no
+// difference.
+void prefetch_for_copy(const void* src, size_t bytes) noexcept;
+
 // copy_with_streaming_stores or memcpy, as `stores` says.
 void copy_with(Stores stores, void* dst, const void* src, size_t bytes) noexcept;
 

@@ -61,6 +61,16 @@ void ArraySource::read_sample(int64_t index, SampleWriter& writer) const {
   }
 }
 
+void ArraySource::will_read(int64_t index) const noexcept {
+  if (index < 0 || index >= rows_) return;
+  for (size_t f = 0; f < arrays_.size(); ++f) {
+    const RowLayout& layout = layouts_[f];
+    if (!layout.contiguous) continue;
+    detail::prefetch_for_copy(
+        arrays_[f].array.data() + static_cast<size_t>(index) * layout.row_step, layout.row_bytes);
+  }
+}
+
 std::string ArraySource::describe() const {
   std::string names;
   for (const Field& field : arrays_) names += (names.empty() ? "" : ", ") + field.name;

@@ -187,6 +187,17 @@ void NpySource::will_need(int64_t index) const noexcept {
   }
 }
 
+void NpySource::will_read(int64_t index) const noexcept {
+  if (index < 0 || index >= rows_) return;
+  for (const MappedArray& array : arrays_) {
+    // Rows copied from the mapping; pread rows are the kernel's to bring in.
+    if (array.pread_rows || array.mapping == nullptr || array.header.fortran_order) continue;
+    const size_t offset = array.header.data_offset + static_cast<size_t>(index) * array.row_step;
+    if (!range_fits(offset, array.row_step, array.mapping->size())) continue;
+    detail::prefetch_for_copy(array.mapping->data() + offset, array.row_step);
+  }
+}
+
 void NpySource::read_from_file(int64_t index, SampleWriter& writer) const {
   const std::string& path = files_[static_cast<size_t>(index)];
   detail::File file(path);

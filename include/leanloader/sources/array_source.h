@@ -27,6 +27,7 @@ class ArraySource final : public Source {
   std::string describe() const override;
   std::string sample_location(int64_t index) const override;
   size_t estimated_sample_bytes() const override { return row_bytes_; }
+  void will_read(int64_t index) const noexcept override;
 
  private:
   // How one field's rows are laid out, worked out once at construction (not

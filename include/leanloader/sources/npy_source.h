@@ -52,6 +52,7 @@ class NpySource final : public Source {
   // first; one that was not in the page cache counts here.
   uint64_t storage_reads() const override { return storage_reads_.load(); }
   void will_need(int64_t index) const noexcept override;
+  void will_read(int64_t index) const noexcept override;
 
  private:
   struct MappedArray {

@@ -98,6 +98,11 @@ class Source {
   // A hint that sample `index` will be read soon: start reading it from
   // storage in the background. Never blocks for the data, never throws.
   virtual void will_need(int64_t index) const noexcept { (void)index; }
+  // A hint that this thread reads sample `index` next: start moving its
+  // first bytes from memory toward the CPU cache (prefetch instructions).
+  // Called once per sample: it must cost a few nanoseconds (no system call,
+  // no lock) and never throw.
+  virtual void will_read(int64_t index) const noexcept { (void)index; }
 
   // The Source as it is now, as an immutable Source: its size(), fields()
   // and samples never change while it is held, whatever happens to this

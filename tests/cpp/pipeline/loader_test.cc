@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <set>
 #include <thread>
 
@@ -427,6 +428,13 @@ class HintRecordingSource final : public Source {
     std::span<std::byte> row = writer.field_buffer(0, *fields_[0].shape);
     std::fill(row.begin(), row.end(), static_cast<std::byte>(index));
     (writer.prefers_streaming_stores() ? streaming_reads : cached_reads)++;
+    const std::lock_guard lock(hints_mutex);
+    hinted_before_read += hinted.erase({std::this_thread::get_id(), index});
+  }
+  void will_read(int64_t index) const noexcept override {
+    const std::lock_guard lock(hints_mutex);
+    hinted.insert({std::this_thread::get_id(), index});
+    ++hints;
   }
   std::string describe() const override { return "HintRecordingSource"; }
   std::string sample_location(int64_t index) const override { return std::to_string(index); }
@@ -434,6 +442,11 @@ class HintRecordingSource final : public Source {
 
   mutable std::atomic<int> streaming_reads{0};
   mutable std::atomic<int> cached_reads{0};
+  // will_read(index) calls, and reads of an index this thread was told of.
+  mutable std::mutex hints_mutex;
+  mutable std::set<std::pair<std::thread::id, int64_t>> hinted;
+  mutable int hints = 0;
+  mutable int hinted_before_read = 0;
 
  private:
   std::vector<FieldSpec> fields_;
@@ -453,6 +466,19 @@ TEST(LoaderTest, SourcesAreAskedForStreamingStoresInBatchesOfSeveralMiBOnly) {
   run_epoch(small_batches);
   EXPECT_EQ(small->streaming_reads.load(), 0);
   EXPECT_EQ(small->cached_reads.load(), 64);
+}
+
+// Within a claimed chunk of rows, the source hears of each row's sample one
+// row ahead, on the thread that then reads it (so it can start bringing the
+// bytes into the cache): every read but the first of each claim was hinted.
+TEST(LoaderTest, SourcesAreToldOfTheNextSampleBeforeReadingIt) {
+  const auto source = std::make_shared<HintRecordingSource>(64);
+  Loader loader(source, options(16, true, 2));
+  run_epoch(loader);
+  const auto claims = static_cast<int>(loader.stats().work_claims);
+  EXPECT_GT(claims, 0);
+  EXPECT_EQ(source->hints, 64 - claims);
+  EXPECT_EQ(source->hinted_before_read, 64 - claims);
 }
 
 }  // namespace
