@@ -13,12 +13,15 @@ consumer, against which a loader's own per-sample costs show.
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
+
+from leanloader.bench.scenarios import LoaderContext, LoaderRun
 
 # The source cycles through this much RAM, well above any CPU cache, so the
 # copies read memory as a loader's do.
@@ -91,3 +94,39 @@ def _wrapper(output: str) -> Any:
 
         return torch.from_numpy
     return lambda array: array
+
+
+def copy_and_read_run(
+    *,
+    batch_shape: tuple[int, ...],
+    dtype: Any,
+    batches_per_epoch: Callable[[Mapping[str, Any]], int],
+    threads: int,
+    output: str,
+    batch_label: str,
+) -> LoaderRun:
+    """The yardstick as a scenario's run, keyed "copy-and-read": batches of
+    `batch_shape` from a source made untimed (the run's setup),
+    `batches_per_epoch(size)` of them each epoch."""
+    return LoaderRun(
+        name="copy-and-read",
+        function=functools.partial(_iterate, batches_per_epoch, threads),
+        setup=functools.partial(_source, batch_shape, dtype),
+        threads=threads,
+        imports=("torch",) if output == "torch" else (),
+        options={"output": output},
+        label=f"yardstick: {threads} threads memcpy whole {batch_label} batches from RAM "
+        "(no loader), the consumer reads them",
+    )
+
+
+def _source(batch_shape: tuple[int, ...], dtype: Any, context: LoaderContext) -> np.ndarray:
+    return source_array(batch_shape, dtype)
+
+
+def _iterate(
+    batches_per_epoch: Callable[[Mapping[str, Any]], int], threads: int, context: LoaderContext
+) -> Iterator[Any]:
+    batches = batches_per_epoch(context.size)
+    for _epoch in range(int(context.size["epochs"])):
+        yield from copied_batches(context.prepared, batches, threads, context.options["output"])

@@ -115,6 +115,32 @@ class Goal:
     loader: str | None = None  # otherwise: on this run's own figure (a run key)
 
 
+def peer_goals(peers: tuple[tuple[str, str], ...], where: str = "") -> tuple[Goal, ...]:
+    """Issue 26's goals against each peer, given as (name, run key): samples/s
+    at least 2× theirs and CPU seconds per sample at most ½ theirs."""
+    suffix = f" {where}" if where else ""
+    return (
+        *(
+            Goal(
+                f"samples/s ≥ 2× {name}{suffix}",
+                "samples_per_s",
+                at_least=2.0,
+                ratio=f"leanloader/{key}",
+            )
+            for name, key in peers
+        ),
+        *(
+            Goal(
+                f"CPU s per 1k samples ≤ ½ {name}{suffix}",
+                "cpu_s_per_1k_samples",
+                at_most=0.5,
+                ratio=f"leanloader/{key}",
+            )
+            for name, key in peers
+        ),
+    )
+
+
 DerivedRatios = dict[str, dict[str, float]]
 
 

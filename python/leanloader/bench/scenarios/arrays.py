@@ -53,7 +53,8 @@ from typing import Any
 
 import numpy as np
 
-from leanloader.bench.scenarios import Goal, LoaderContext, LoaderRun, Scenario
+from leanloader.bench.scenarios import Goal, LoaderContext, LoaderRun, Scenario, peer_goals
+from leanloader.bench.yardstick import copy_and_read_run
 
 ROW_VALUES = 65_536  # float32 values per row: 256 KiB
 ROW_BYTES = ROW_VALUES * 4
@@ -265,20 +266,6 @@ def iterate_torchdata(context: LoaderContext) -> Iterator[Any]:
         yield from loader
 
 
-def _yardstick_source(context: LoaderContext) -> np.ndarray:
-    from leanloader.bench.yardstick import source_array
-
-    return source_array((BATCH_SIZE, ROW_VALUES), np.float32)
-
-
-def iterate_copy_and_read(context: LoaderContext) -> Iterator[Any]:
-    from leanloader.bench.yardstick import copied_batches
-
-    batches = int(context.size["rows"]) // BATCH_SIZE
-    for _epoch in range(int(context.size["epochs"])):
-        yield from copied_batches(context.prepared, batches, THREADS, context.options["output"])
-
-
 def _describe_size(size: Mapping[str, Any]) -> str:
     rows = int(size["rows"])
     gib = rows * ROW_BYTES / 2**30
@@ -366,15 +353,13 @@ SCENARIO = Scenario(
             imports=("torchdata.nodes", "torch"),
             label=f"torchdata.nodes, batches gathered from the memory map, {THREADS} threads",
         ),
-        LoaderRun(
-            name="copy-and-read",
-            function=iterate_copy_and_read,
+        copy_and_read_run(
+            batch_shape=(BATCH_SIZE, ROW_VALUES),
+            dtype=np.float32,
+            batches_per_epoch=lambda size: int(size["rows"]) // BATCH_SIZE,
             threads=THREADS,
-            imports=("torch",) if _OUTPUT == "torch" else (),
-            options={"output": _OUTPUT},
-            setup=_yardstick_source,
-            label=f"yardstick: {THREADS} threads memcpy whole 16 MiB batches from RAM "
-            "(no loader), the consumer reads them",
+            output=_OUTPUT,
+            batch_label="16 MiB",
         ),
         *(
             LoaderRun(
@@ -401,19 +386,7 @@ SCENARIO = Scenario(
     ),
     goals=(
         Goal("samples/s ≥ 3× torch", "samples_per_s", at_least=3.0, ratio="leanloader/torch"),
-        *(
-            Goal(f"samples/s ≥ 2× {peer}", "samples_per_s", at_least=2.0, ratio=f"leanloader/{key}")
-            for peer, key in (("SPDL", "spdl"), ("Grain", "grain"), ("torchdata", "torchdata"))
-        ),
-        *(
-            Goal(
-                f"CPU s per 1k samples ≤ ½ {peer}",
-                "cpu_s_per_1k_samples",
-                at_most=0.5,
-                ratio=f"leanloader/{key}",
-            )
-            for peer, key in (("SPDL", "spdl"), ("Grain", "grain"), ("torchdata", "torchdata"))
-        ),
+        *peer_goals((("SPDL", "spdl"), ("Grain", "grain"), ("torchdata", "torchdata"))),
         Goal(
             "peak unreclaimable memory ≤ ½ torch (fork workers)",
             "peak_unreclaimable_bytes",

@@ -41,7 +41,8 @@ from typing import Any
 
 import numpy as np
 
-from leanloader.bench.scenarios import Goal, LoaderContext, LoaderRun, Scenario
+from leanloader.bench.scenarios import Goal, LoaderContext, LoaderRun, Scenario, peer_goals
+from leanloader.bench.yardstick import copy_and_read_run
 
 LATENT_SHAPE = (16, 128, 128)  # float16
 TEXT_SHAPE = (256, 4096)  # bfloat16
@@ -297,20 +298,6 @@ def iterate_spdl(context: LoaderContext) -> Iterator[Any]:
             yield from pipeline
 
 
-def _yardstick_source(context: LoaderContext) -> np.ndarray:
-    from leanloader.bench.yardstick import source_array
-
-    return source_array((BATCH_SIZE, SAMPLE_BYTES), np.uint8)
-
-
-def iterate_copy_and_read(context: LoaderContext) -> Iterator[Any]:
-    from leanloader.bench.yardstick import copied_batches
-
-    batches = -(-int(context.size["samples"]) // BATCH_SIZE)
-    for _epoch in range(int(context.size["epochs"])):
-        yield from copied_batches(context.prepared, batches, THREADS, "torch")
-
-
 def _describe_size(size: Mapping[str, Any]) -> str:
     samples = int(size["samples"])
     epochs = int(size["epochs"])
@@ -374,14 +361,13 @@ SCENARIO = Scenario(
             imports=("spdl.pipeline", "torch", "safetensors"),
             label=f"SPDL pipeline on the same shard files (safe_open), {THREADS} threads",
         ),
-        LoaderRun(
-            name="copy-and-read",
-            function=iterate_copy_and_read,
-            setup=_yardstick_source,
+        copy_and_read_run(
+            batch_shape=(BATCH_SIZE, SAMPLE_BYTES),
+            dtype=np.uint8,
+            batches_per_epoch=lambda size: -(-int(size["samples"]) // BATCH_SIZE),
             threads=THREADS,
-            imports=("torch",),
-            label=f"yardstick: {THREADS} threads memcpy whole batches from RAM (no loader), "
-            "the consumer reads them",
+            output="torch",
+            batch_label="10.5 MB",
         ),
     ),
     ratios=(
@@ -411,23 +397,9 @@ SCENARIO = Scenario(
             at_most=0.5,
             ratio="leanloader/torch-files",
         ),
-        *(
-            Goal(
-                f"samples/s ≥ 2× {peer} on the same shard files",
-                "samples_per_s",
-                at_least=2.0,
-                ratio=f"leanloader/{key}",
-            )
-            for peer, key in (("Grain", "grain"), ("torchdata", "torchdata"), ("SPDL", "spdl"))
-        ),
-        *(
-            Goal(
-                f"CPU s per 1k samples ≤ ½ {peer}",
-                "cpu_s_per_1k_samples",
-                at_most=0.5,
-                ratio=f"leanloader/{key}",
-            )
-            for peer, key in (("Grain", "grain"), ("torchdata", "torchdata"), ("SPDL", "spdl"))
+        *peer_goals(
+            (("Grain", "grain"), ("torchdata", "torchdata"), ("SPDL", "spdl")),
+            where="on the same shard files",
         ),
         Goal(
             "batch assembly ≥ 90% of memcpy",
