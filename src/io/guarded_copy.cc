@@ -37,7 +37,18 @@ bool guarded_copy(void* dst, const void* src, size_t bytes, Stores stores) noexc
   std::call_once(installed, install_handler);
   sigjmp_buf*& guarded = t_guarded_copy;  // one lookup of the thread-local
   sigjmp_buf jump;
-  if (sigsetjmp(jump, 0) != 0) return false;
+  if (sigsetjmp(jump, 0) != 0) {
+    // Back from the handler without restoring the signal mask (saving it
+    // would cost a system call per copy). SA_NODEFER leaves SIGBUS unblocked
+    // where the kernel runs our handler, but a runtime that wraps handlers
+    // (ThreadSanitizer's) may have blocked it: unblock it, or this thread's
+    // next SIGBUS would kill the process.
+    sigset_t bus;
+    sigemptyset(&bus);
+    sigaddset(&bus, SIGBUS);
+    pthread_sigmask(SIG_UNBLOCK, &bus, nullptr);
+    return false;
+  }
   guarded = &jump;
   // The compiler must not move the copy out from between the two stores.
   std::atomic_signal_fence(std::memory_order_seq_cst);

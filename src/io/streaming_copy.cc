@@ -4,14 +4,30 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__x86_64__)
+// ThreadSanitizer sees memcpy (it intercepts it) but not the stores of SSE
+// intrinsics: its builds copy with memcpy, so that a race on a batch's bytes
+// stays visible to it.
+#if defined(__SANITIZE_THREAD__)
+#define LEANLOADER_STREAMING_STORES 0
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define LEANLOADER_STREAMING_STORES 0
+#endif
+#endif
+#if !defined(LEANLOADER_STREAMING_STORES) && defined(__x86_64__)
+#define LEANLOADER_STREAMING_STORES 1
+#elif !defined(LEANLOADER_STREAMING_STORES)
+#define LEANLOADER_STREAMING_STORES 0
+#endif
+
+#if LEANLOADER_STREAMING_STORES
 #include <emmintrin.h>
 #endif
 
 namespace leanloader::detail {
 
 void copy_with_streaming_stores(void* dst, const void* src, size_t bytes) noexcept {
-#if defined(__x86_64__)
+#if LEANLOADER_STREAMING_STORES
   constexpr size_t kLine = 64;
   auto* out = static_cast<std::byte*>(dst);
   const auto* in = static_cast<const std::byte*>(src);

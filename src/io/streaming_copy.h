@@ -19,7 +19,7 @@ namespace leanloader::detail {
 // How a copy writes its destination.
 enum class Stores {
   kCached,     // memcpy
-  kStreaming,  // non-temporal stores (x86-64; memcpy elsewhere)
+  kStreaming,  // non-temporal stores (x86-64; memcpy elsewhere and under TSan)
 };
 
 // Batch slots at least this large are filled with streaming stores: larger
