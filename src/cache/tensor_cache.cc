@@ -10,7 +10,6 @@
 #include "cache/cache_directory.h"
 #include "io/file_io.h"
 #include "io/resident_copy.h"
-#include "leanloader/core/checked_size.h"
 #include "leanloader/core/error.h"
 
 namespace leanloader {
@@ -464,18 +463,13 @@ void TensorCache::State::read_sample(int64_t index, SampleWriter& writer) const 
   // the kernel's copy writes through the cache.
   const MappedFile& mapping = *mapped_shard(entry.shard).mapping();
   const detail::File& file = *files[entry.shard];
-  const bool streaming = writer.prefers_streaming_stores();
+  const detail::Stores stores =
+      writer.prefers_streaming_stores() ? detail::Stores::kStreaming : detail::Stores::kCached;
   for (size_t f = 0; f < field_list.size(); ++f) {
     const CacheTensorRecord& record = entry.tensors[f];
     const std::span<std::byte> dst = writer.field_buffer(f, record.shape);
-    if (record.nbytes == 0) continue;
-    if (streaming && range_fits(record.offset, record.nbytes, mapping.size())) {
-      const detail::ResidentCopy copy = detail::copy_if_resident(
-          dst.data(), mapping.data() + record.offset, record.nbytes, detail::Stores::kStreaming);
-      if (copy == detail::ResidentCopy::kCopied) continue;
-      // kGone: the shard shrank; pread below reports it as it would.
-    }
-    if (!file.read_exact_noting_misses(record.offset, dst.first(record.nbytes))) {
+    if (record.nbytes > 0 && !detail::read_noting_misses(file, mapping, record.offset,
+                                                         dst.first(record.nbytes), stores)) {
       storage_read_count.fetch_add(1, std::memory_order_relaxed);
     }
   }

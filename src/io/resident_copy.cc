@@ -8,6 +8,7 @@
 
 #include "core/page_size.h"
 #include "io/guarded_copy.h"
+#include "leanloader/core/checked_size.h"
 
 namespace leanloader::detail {
 
@@ -45,6 +46,16 @@ ResidentCopy copy_if_resident(void* dst, const std::byte* mapped, size_t bytes,
   // then faults them in from the file, correct and only slower. A file
   // truncated since it was mapped raises SIGBUS, which guarded_copy reports.
   return guarded_copy(dst, mapped, bytes, stores) ? ResidentCopy::kCopied : ResidentCopy::kGone;
+}
+
+bool read_noting_misses(const File& file, const MappedFile& mapping, size_t offset,
+                        std::span<std::byte> dst, Stores stores) {
+  if (stores == Stores::kStreaming && range_fits(offset, dst.size(), mapping.size()) &&
+      copy_if_resident(dst.data(), mapping.data() + offset, dst.size(), stores) ==
+          ResidentCopy::kCopied) {
+    return true;
+  }
+  return file.read_exact_noting_misses(offset, dst);
 }
 
 }  // namespace leanloader::detail

@@ -12,8 +12,11 @@
 #pragma once
 
 #include <cstddef>
+#include <span>
 
+#include "io/file_io.h"
 #include "io/streaming_copy.h"
+#include "leanloader/core/storage.h"
 
 namespace leanloader::detail {
 
@@ -27,5 +30,13 @@ enum class ResidentCopy {
 // `stores` when every page of the range is resident.
 ResidentCopy copy_if_resident(void* dst, const std::byte* mapped, size_t bytes,
                               Stores stores) noexcept;
+
+// File::read_exact_noting_misses(offset, dst) (false: part of the range had
+// to come from storage), except that with streaming stores a range whose
+// pages are all resident is copied from `mapping` (the same file, mapped
+// whole) instead. A range the mapping no longer holds is pread, which
+// reports what the file holds now.
+bool read_noting_misses(const File& file, const MappedFile& mapping, size_t offset,
+                        std::span<std::byte> dst, Stores stores);
 
 }  // namespace leanloader::detail

@@ -139,36 +139,26 @@ void NpySource::read_sample(int64_t index, SampleWriter& writer) const {
 }
 
 void NpySource::read_from_arrays(int64_t index, SampleWriter& writer) const {
+  const detail::Stores stores =
+      writer.prefers_streaming_stores() ? detail::Stores::kStreaming : detail::Stores::kCached;
   for (size_t f = 0; f < arrays_.size(); ++f) {
     const MappedArray& array = arrays_[f];
     const size_t offset = array.header.data_offset + static_cast<size_t>(index) * array.row_step;
     const std::span<std::byte> dst = writer.field_buffer(f, array.row_shape);
     if (dst.empty()) continue;
-    const auto no_longer_in_file = [&] {
-      return FormatError("'" + array.path + "': row " + std::to_string(index) +
-                         " is no longer in the file (it was truncated or rewritten while "
-                         "being read)");
-    };
-    // The mapping covers the file as it was at open; a row beyond the file's
-    // size then, or a page the file has lost since, is an error.
-    const bool mapped = range_fits(offset, dst.size(), array.mapping->size());
-    const detail::Stores stores =
-        writer.prefers_streaming_stores() ? detail::Stores::kStreaming : detail::Stores::kCached;
     if (array.pread_rows) {
       // A C-order row is contiguous.
-      if (mapped && stores == detail::Stores::kStreaming) {
-        const detail::ResidentCopy copy = detail::copy_if_resident(
-            dst.data(), array.mapping->data() + offset, dst.size(), stores);
-        if (copy == detail::ResidentCopy::kCopied) continue;
-        if (copy == detail::ResidentCopy::kGone) throw no_longer_in_file();
-      }
-      if (!array.reader->read_exact_noting_misses(offset, dst)) {
+      if (!detail::read_noting_misses(*array.reader, *array.mapping, offset, dst, stores)) {
         storage_reads_.fetch_add(1, std::memory_order_relaxed);
       }
     } else if (!array.header.fortran_order) {
-      if (!mapped ||
+      // The mapping covers the file as it was at open; a row beyond the
+      // file's size then, or a page the file has lost since, is an error.
+      if (!range_fits(offset, dst.size(), array.mapping->size()) ||
           !detail::guarded_copy(dst.data(), array.mapping->data() + offset, dst.size(), stores)) {
-        throw no_longer_in_file();
+        throw FormatError("'" + array.path + "': row " + std::to_string(index) +
+                          " is no longer in the file (it was truncated or rewritten while "
+                          "being read)");
       }
     } else {
       copy_strided(array.mapping->data() + offset, array.row_shape, array.row_strides,

@@ -7,10 +7,11 @@
 //   loader then announces the next rows so that many are read at once),
 //   unless the row is in memory and its batch wants streaming stores (a
 //   batch of several MiB: SampleWriter::prefers_streaming_stores), when it
-//   is copied from a mapping of the file with those; smaller rows are copied from a mapping of the
-//   file (a pread per row cost as much as the copy); Fortran-ordered arrays are memory-mapped and
-//   their strided rows gathered. Either way the pages are page cache, shared by every thread and
-//   process.
+//   is copied from a mapping of the file with those; smaller rows are copied
+//   from a mapping of the file (a pread per row cost as much as the copy);
+//   Fortran-ordered arrays are memory-mapped and their strided rows
+//   gathered. Either way the pages are page cache, shared by every thread
+//   and process.
 // - directory: one .npy per sample (sorted by name), a single field; each
 //   read opens the file and preads its data straight into the batch slot.
 #pragma once
