@@ -17,8 +17,8 @@ namespace leanloader {
 
 namespace detail {
 
-namespace {
-
+// Defined in `detail`, not an unnamed namespace: DeviceFeedState holds them
+// and has external linkage.
 struct DeviceBlock {
   std::byte* data = nullptr;
   DeviceRuntime::Event released = 0;  // recorded where the block's last batch was used
@@ -39,8 +39,6 @@ class SharedEvent {
   std::shared_ptr<DeviceRuntime> runtime_;
   DeviceRuntime::Event event_;
 };
-
-}  // namespace
 
 struct DeviceFeedState;
 

@@ -92,6 +92,9 @@ void write_npy(const std::string& path, DType dtype, const Shape& shape,
   write_npy(path, dtype, shape, values.data(), values.size() * sizeof(T));
 }
 
+// The page size of this machine.
+inline const size_t kPage = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+
 // Asks the kernel to drop `path`'s pages from the page cache; returns how
 // many pages stayed resident (tmpfs keeps them all; pages mapped by someone
 // may stay).

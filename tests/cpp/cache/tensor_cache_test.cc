@@ -28,7 +28,7 @@ namespace {
 namespace fs = std::filesystem;
 using testing::TempDir;
 
-Tensor filled(float value, int64_t count) {
+Tensor ramp(float value, int64_t count) {
   auto storage = HeapStorage::allocate(static_cast<size_t>(count) * 4);
   auto* data = reinterpret_cast<float*>(storage->data());
   for (int64_t i = 0; i < count; ++i) data[i] = value + static_cast<float>(i) * 0.001f;
@@ -47,7 +47,7 @@ void build(const std::string& cache, int count, size_t shard_bytes = 1000) {
   options.shard_bytes = shard_bytes;
   CacheWriter writer(cache, options);
   for (int i = 0; i < count; ++i) {
-    writer.add("k" + std::to_string(i), {}, {{"x", filled(float(i), 32)}, {"id", ids(i)}});
+    writer.add("k" + std::to_string(i), {}, {{"x", ramp(float(i), 32)}, {"id", ids(i)}});
   }
   writer.flush();
 }
@@ -111,7 +111,7 @@ TEST(TensorCacheTest, CountsGathersThatCameFromStorage) {
     options.shard_bytes = size_t{64} << 20;
     CacheWriter writer(cache_dir, options);
     for (int i = 0; i < 8; ++i) {
-      writer.add("k" + std::to_string(i), {}, {{"x", filled(float(i), 65536)}, {"id", ids(i)}});
+      writer.add("k" + std::to_string(i), {}, {{"x", ramp(float(i), 65536)}, {"id", ids(i)}});
     }
     writer.flush();
   }
@@ -215,7 +215,7 @@ TEST(TensorCacheTest, OpenRemovesLeftoversOfACrashedWriterOnlyWhenAlone) {
   build(c, 3);
   std::ofstream(c + "/shard-000099-dead.safetensors.tmp.1.abc") << "partial";
   std::ofstream(c + "/manifest.json.tmp.1.abc") << "{";
-  save_safetensors(c + "/shard-000098-beef.safetensors", {{"0/x", filled(1, 2)}});
+  save_safetensors(c + "/shard-000098-beef.safetensors", {{"0/x", ramp(1, 2)}});
   std::ofstream(c + "/notes.txt") << "user file";
   {
     // Someone else has the cache open: nothing is removed.
@@ -267,7 +267,7 @@ TEST(TensorCacheTest, VerifyReportsStaleSources) {
   std::ofstream(src) << "pixels";
   {
     CacheWriter writer(c);
-    writer.add(src, fingerprint_file(src, false, "cfg"), {{"x", filled(1, 4)}});
+    writer.add(src, fingerprint_file(src, false, "cfg"), {{"x", ramp(1, 4)}});
     writer.flush();
   }
   EXPECT_TRUE(TensorCache::open(c)->verify(true).empty());
@@ -286,7 +286,7 @@ TEST(TensorCacheTest, ReadsAFolderOfPerSampleFiles) {
   fs::create_directories(folder);
   for (int i = 0; i < 5; ++i) {
     save_safetensors(folder + "/img" + std::to_string(i) + "_h.safetensors",
-                     {{"latent", filled(float(i), 16)}},
+                     {{"latent", ramp(float(i), 16)}},
                      std::map<std::string, std::string>{{"format", "pt"}});
   }
   // A truncated file, as a trainer killed mid-write leaves it.
@@ -490,7 +490,7 @@ TEST(TensorCacheSnapshotTest, FieldsThatNoLongerFitThePlannedSlotsAreAnError) {
   Loader pinned(cache, options);
   {
     CacheWriter writer(c, CacheWriterOptions{});
-    writer.add("longer", {}, {{"x", filled(1, 64)}, {"id", ids(6)}});
+    writer.add("longer", {}, {{"x", ramp(1, 64)}, {"id", ids(6)}});
     writer.flush();
   }
   cache->reload();

@@ -60,8 +60,8 @@ TEST(RankShardTest, EveryPositionOnceAcrossRanksAndEqualBatchCounts) {
     for (const uint64_t batch : {1, 3, 4, 16}) {
       for (const uint64_t world : {1, 2, 3, 5, 8}) {
         for (const bool drop_last : {false, true}) {
-          SCOPED_TRACE(testing::Message() << "size " << size << " batch " << batch << " world "
-                                          << world << " drop_last " << drop_last);
+          SCOPED_TRACE(::testing::Message() << "size " << size << " batch " << batch << " world "
+                                            << world << " drop_last " << drop_last);
           const auto ranks = shard_all(size, batch, drop_last, world);
           for (const Batches& r : ranks) EXPECT_EQ(r.size(), ranks[0].size());
           std::map<uint64_t, int> seen;

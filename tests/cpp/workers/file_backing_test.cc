@@ -15,7 +15,7 @@
 namespace leanloader {
 namespace {
 
-constexpr size_t kPage = 4096;
+using testing::kPage;
 
 std::string write_file(const testing::TempDir& dir, const std::string& name, size_t bytes) {
   const std::string path = dir.path() + "/" + name;

@@ -16,6 +16,7 @@
 
 #include "leanloader/core/error.h"
 #include "leanloader/workers/shared_copy.h"
+#include "test_util.h"
 
 namespace leanloader {
 namespace {
@@ -36,7 +37,7 @@ size_t held_bytes(const SharedArena& arena) {
   return static_cast<size_t>(st.st_blocks) * 512;
 }
 
-const size_t kPage = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+using testing::kPage;
 
 TEST(SharedArenaTest, AThousandSegmentsCostOneDescriptorHereAndInAnAttacher) {
   auto arena = SharedArena::create();

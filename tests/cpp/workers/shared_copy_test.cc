@@ -30,7 +30,7 @@
 namespace leanloader {
 namespace {
 
-constexpr size_t kPage = 4096;
+using testing::kPage;
 
 void fill(void* block, size_t bytes, uint8_t salt) {
   auto* p = static_cast<uint8_t*>(block);
