@@ -90,10 +90,13 @@ LoaderOptions paced_options(int64_t batch_size, int prefetch) {
 }
 
 TEST(PrefetchWindowTest, AProducerBoundLoaderStaysDoubleBuffered) {
-  // 96 samples of 3 ms on 2 threads: ~144 ms a batch; the consumer takes
+  // 96 samples of 6 ms on 2 threads: ~288 ms a batch; the consumer takes
   // each at once and drops it when it takes the next, as a `for` loop does,
   // polling with short timeouts as the Python iterator does (one wait each).
-  Loader loader(std::make_shared<PacedSource>(96 * 6, 3ms), paced_options(96, 2));
+  // The threads are held back only while the consumer wakes for a finished
+  // batch: on a busy host that can take 10 ms, which must stay well under the
+  // 5% of a batch's time that deepens the window.
+  Loader loader(std::make_shared<PacedSource>(96 * 4, 6ms), paced_options(96, 2));
   auto iterator = loader.iterate();
   Batch batch;
   int batches = 0;
@@ -108,8 +111,8 @@ TEST(PrefetchWindowTest, AProducerBoundLoaderStaysDoubleBuffered) {
     EXPECT_TRUE(batch.warnings.empty());
     ++batches;
   }
-  EXPECT_GT(timeouts, 6);
-  EXPECT_EQ(batches, 6);
+  EXPECT_GT(timeouts, 4);
+  EXPECT_EQ(batches, 4);
   const LoaderStats stats = loader.stats();
   EXPECT_EQ(stats.window, 1);
   EXPECT_EQ(stats.resident_bytes, 2 * stats.slot_bytes) << "one slot filled, one held";
