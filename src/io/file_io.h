@@ -22,6 +22,7 @@ class File {
 
   size_t size() const noexcept { return size_; }
   const std::string& path() const noexcept { return path_; }
+  int fd() const noexcept { return fd_; }
 
   // Reads exactly dst.size() bytes at `offset`; throws FormatError when the
   // file ends first (it was truncated) and IoError on a failed read.

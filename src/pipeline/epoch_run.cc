@@ -368,6 +368,13 @@ void EpochRun::read_ahead(int64_t end) {
   for (int64_t position = std::max(from, end); position < target; ++position) {
     plan_.source->will_need(index_at(position));
   }
+  // Then the storage around those rows: the rows come first, so that a
+  // batch waits for its own rows, not for the windows around them. (Capping
+  // the windows a call announces, so that a thread would not wait in the
+  // kernel for the device's queue, lost a quarter of the throughput.)
+  for (int64_t position = std::max(from, end); position < target; ++position) {
+    (void)plan_.source->will_need_around(index_at(position));
+  }
 }
 
 int64_t EpochRun::index_at(int64_t position) const {

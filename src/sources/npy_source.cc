@@ -9,13 +9,24 @@
 
 #include "io/file_io.h"
 #include "io/guarded_copy.h"
+#include "io/read_around.h"
 #include "io/resident_copy.h"
 #include "leanloader/core/checked_size.h"
 #include "leanloader/core/error.h"
+#include "leanloader/memory/memory_monitor.h"
 
 namespace leanloader {
 
 namespace {
+
+// Memory available now; 0 (no reading around) when it cannot be read.
+uint64_t available_memory_or_zero() noexcept {
+  try {
+    return available_memory_bytes();
+  } catch (...) {
+    return 0;
+  }
+}
 
 // C-order rows up to this size are copied from a mapping of the file: a
 // pread's system call and page-cache lookup cost about as much as copying
@@ -85,6 +96,11 @@ std::shared_ptr<NpySource> NpySource::from_arrays(
     array.row_step = static_cast<size_t>(strides[0]) * dtype_size(header.dtype);
     array.pread_rows = !header.fortran_order && array.row_step > kMappedRowBytes;
     if (total_bytes > 0) array.mapping = MappedFile::open(path);
+    if (array.pread_rows && total_bytes > 0) {
+      array.read_around = detail::ReadAround::for_rows(array.reader, header.data_offset,
+                                                       header.data_offset + total_bytes,
+                                                       array.row_step, available_memory_or_zero());
+    }
     if (source->rows_ >= 0 && header.shape[0] != source->rows_) {
       throw InvalidArgument("NpySource files disagree on the number of samples: '" +
                             fields.front().second + "' has " + std::to_string(source->rows_) +
@@ -175,6 +191,17 @@ void NpySource::will_need(int64_t index) const noexcept {
     array.reader->will_need(array.header.data_offset + static_cast<size_t>(index) * array.row_step,
                             array.row_step);
   }
+}
+
+size_t NpySource::will_need_around(int64_t index) const noexcept {
+  if (index < 0 || index >= rows_) return 0;
+  size_t announced = 0;
+  for (const MappedArray& array : arrays_) {
+    if (!array.read_around) continue;
+    announced += array.read_around->announce(array.header.data_offset +
+                                             static_cast<size_t>(index) * array.row_step);
+  }
+  return announced;
 }
 
 void NpySource::will_read(int64_t index) const noexcept {

@@ -95,6 +95,29 @@ void write_npy(const std::string& path, DType dtype, const Shape& shape,
 // The page size of this machine.
 inline const size_t kPage = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
 
+// How many pages of `path`'s bytes [offset, offset + length) are in the page
+// cache (`offset` a multiple of the page size; the range ends at the file's end).
+inline size_t resident_pages(const std::string& path, size_t offset = 0,
+                             size_t length = static_cast<size_t>(-1)) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) throw std::runtime_error("cannot open " + path);
+  const auto size = static_cast<size_t>(std::filesystem::file_size(path));
+  size_t count = 0;
+  if (offset < size) {
+    length = std::min(length, size - offset);
+    void* map = ::mmap(nullptr, length, PROT_READ, MAP_SHARED, fd, static_cast<off_t>(offset));
+    std::vector<unsigned char> resident((length + kPage - 1) / kPage, 1);
+    if (map != MAP_FAILED) {
+      if (::mincore(map, length, resident.data()) != 0) resident.assign(resident.size(), 1);
+      ::munmap(map, length);
+    }
+    count = static_cast<size_t>(
+        std::count_if(resident.begin(), resident.end(), [](unsigned char r) { return r & 1; }));
+  }
+  ::close(fd);
+  return count;
+}
+
 // Asks the kernel to drop `path`'s pages from the page cache; returns how
 // many pages stayed resident (tmpfs keeps them all; pages mapped by someone
 // may stay).
@@ -103,20 +126,8 @@ inline size_t evict_from_page_cache(const std::string& path) {
   if (fd < 0) throw std::runtime_error("cannot open " + path);
   ::fdatasync(fd);
   ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-  const auto size = static_cast<size_t>(std::filesystem::file_size(path));
-  size_t resident_pages = 0;
-  if (size > 0) {
-    void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
-    std::vector<unsigned char> resident((size + 4095) / 4096);
-    if (map != MAP_FAILED) {
-      if (::mincore(map, size, resident.data()) != 0) resident.assign(resident.size(), 1);
-      ::munmap(map, size);
-    }
-    resident_pages = static_cast<size_t>(
-        std::count_if(resident.begin(), resident.end(), [](unsigned char r) { return r & 1; }));
-  }
   ::close(fd);
-  return resident_pages;
+  return resident_pages(path);
 }
 
 }  // namespace leanloader::testing

@@ -30,6 +30,7 @@ namespace leanloader {
 
 namespace detail {
 class File;
+class ReadAround;
 }  // namespace detail
 
 class NpySource final : public Source {
@@ -53,6 +54,10 @@ class NpySource final : public Source {
   // first; one that was not in the page cache counts here.
   uint64_t storage_reads() const override { return storage_reads_.load(); }
   void will_need(int64_t index) const noexcept override;
+  // pread rows of a file that fits in memory, on a device that reads ahead
+  // more than a row around a fault: the aligned read-ahead window holding
+  // the row, once per window (src/io/read_around.h).
+  size_t will_need_around(int64_t index) const noexcept override;
   void will_read(int64_t index) const noexcept override;
 
  private:
@@ -65,6 +70,9 @@ class NpySource final : public Source {
     // stores. Null for an empty array.
     std::shared_ptr<MappedFile> mapping;
     bool pread_rows = false;  // C order, rows above 64 KiB
+    // pread rows: reads the windows around cold rows; null where that does
+    // not pay (ReadAround::for_rows).
+    std::shared_ptr<const detail::ReadAround> read_around;
     NpyHeader header;
     Shape row_shape;
     Shape row_strides;    // elements
