@@ -33,7 +33,11 @@ def add_parser(subparsers: Any) -> None:
             "machine's memcpy."
         ),
     )
-    parser.add_argument("scenario", choices=scenario_names(), help="what to load")
+    parser.add_argument(
+        "scenario",
+        choices=[*scenario_names(), "yolo"],
+        help="what to load (yolo: Ultralytics training, from its own environment: make bench-yolo)",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument(
         "--quick", action="store_true", help="a smaller variant that finishes within a minute"
@@ -88,6 +92,15 @@ def run(args: argparse.Namespace) -> int:
     def progress(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
+    if args.scenario == "yolo":
+        from leanloader.bench import yolo
+
+        arguments = ["--rounds", str(args.rounds)]
+        if args.data_dir is not None:
+            arguments += ["--data-dir", str(args.data_dir)]
+        if args.only:
+            arguments += ["--caches", args.only]  # none,ram
+        return yolo.main(arguments)
     try:
         report = run_scenario(
             get_scenario(args.scenario),

@@ -53,6 +53,7 @@ from typing import Any
 
 import numpy as np
 
+from leanloader.bench import peers
 from leanloader.bench.scenarios import Goal, LoaderContext, LoaderRun, Scenario, peer_goals
 from leanloader.bench.yardstick import copy_and_read_run
 
@@ -198,72 +199,38 @@ def iterate_torch(context: LoaderContext) -> Iterator[Any]:
         del loader
 
 
-def iterate_spdl(context: LoaderContext) -> Iterator[Any]:
+def _gather_rows(context: LoaderContext) -> tuple[int, Any]:
+    """The peers' gather: a batch of rows with NumPy fancy indexing from the
+    memory map (one copy per row, as torch's default collate makes)."""
     import torch
-    from spdl.pipeline import PipelineBuilder
 
     rows = np.load(context.data["path"], mmap_mode="r")
+    return len(rows), lambda indices: torch.from_numpy(rows[np.asarray(indices)])
 
-    def gather(indices: list[int]) -> Any:
-        return torch.from_numpy(rows[np.asarray(indices)])  # one copy per row, as torch's
 
-    order = np.random.default_rng(context.seed)
-    for _epoch in range(int(context.size["epochs"])):
-        indices = order.permutation(len(rows)).tolist()
-        pipeline = (
-            PipelineBuilder()
-            .add_source(indices)
-            .aggregate(BATCH_SIZE)
-            .pipe(gather, concurrency=THREADS)
-            .add_sink(2)
-            .build(num_threads=THREADS)
-        )
-        with pipeline.auto_stop():
-            yield from pipeline
+def _peer_work(context: LoaderContext) -> dict[str, int]:
+    return {
+        "batch_size": BATCH_SIZE,
+        "threads": THREADS,
+        "seed": context.seed,
+        "epochs": int(context.size["epochs"]),
+    }
+
+
+def iterate_spdl(context: LoaderContext) -> Iterator[Any]:
+    yield from peers.spdl_batches(*_gather_rows(context), **_peer_work(context))
 
 
 def iterate_grain(context: LoaderContext) -> Iterator[Any]:
-    import grain
     import torch
 
     rows = np.load(context.data["path"], mmap_mode="r")
-    for epoch in range(int(context.size["epochs"])):
-        # Grain's MapDataset pipeline as its documentation builds one: a
-        # random-access source, a global shuffle, batches stacked by its
-        # default batch function (one copy per row), read by a thread pool of
-        # the same size as everyone's, a few batches prefetched (its default
-        # buffer, 500 elements, would be 500 batches of 16 MiB here).
-        dataset = (
-            grain.MapDataset.source(rows)
-            .shuffle(seed=context.seed + epoch)
-            .batch(BATCH_SIZE)
-            .to_iter_dataset(
-                grain.ReadOptions(num_threads=THREADS, prefetch_buffer_size=2 * THREADS)
-            )
-        )
-        for batch in dataset:
-            yield torch.from_numpy(batch)
+    for batch in peers.grain_batches(rows, **_peer_work(context)):
+        yield torch.from_numpy(batch)
 
 
 def iterate_torchdata(context: LoaderContext) -> Iterator[Any]:
-    import torch
-    import torchdata.nodes as nodes
-    from torch.utils.data import RandomSampler
-
-    rows = np.load(context.data["path"], mmap_mode="r")
-
-    def gather(indices: list[int]) -> Any:
-        return torch.from_numpy(rows[np.asarray(indices)])  # one copy per row, as SPDL's
-
-    # torchdata.nodes as its documentation composes a loader: a sampler, its
-    # indices batched, each batch gathered in a thread pool (in order), a
-    # prefetcher; the Loader restarts the graph each epoch (a new shuffle).
-    sampler = RandomSampler(range(len(rows)), generator=torch.Generator().manual_seed(context.seed))
-    node = nodes.Batcher(nodes.SamplerWrapper(sampler), batch_size=BATCH_SIZE, drop_last=False)
-    node = nodes.ParallelMapper(node, map_fn=gather, num_workers=THREADS, method="thread")
-    loader = nodes.Loader(nodes.Prefetcher(node, prefetch_factor=2))
-    for _epoch in range(int(context.size["epochs"])):
-        yield from loader
+    yield from peers.torchdata_batches(*_gather_rows(context), **_peer_work(context))
 
 
 def _describe_size(size: Mapping[str, Any]) -> str:

@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from leanloader.bench import peers
 from leanloader.bench.scenarios import Goal, LoaderContext, LoaderRun, Scenario, peer_goals
 from leanloader.bench.yardstick import copy_and_read_run
 
@@ -240,62 +241,32 @@ def _stack(samples: Any) -> dict[str, Any]:
     return {name: torch.stack([sample[name] for sample in samples]) for name in samples[0]}
 
 
-def iterate_grain(context: LoaderContext) -> Iterator[Any]:
-    import grain
+def _peer_work(context: LoaderContext) -> dict[str, int]:
+    return {
+        "batch_size": BATCH_SIZE,
+        "threads": THREADS,
+        "seed": context.seed,
+        "epochs": int(context.size["epochs"]),
+    }
 
+
+def _gather_samples(context: LoaderContext) -> tuple[int, Any]:
     samples = ShardSamples(context.data["cache"])
-    for epoch in range(int(context.size["epochs"])):
-        # As the arrays scenario's Grain row: a shuffled MapDataset, batches
-        # made by a batch function (torch.stack: NumPy has no bfloat16) in 2
-        # read threads, a few batches prefetched.
-        dataset = (
-            grain.MapDataset.source(samples)
-            .shuffle(seed=context.seed + epoch)
-            .batch(BATCH_SIZE, batch_fn=_stack)
-            .to_iter_dataset(
-                grain.ReadOptions(num_threads=THREADS, prefetch_buffer_size=2 * THREADS)
-            )
-        )
-        yield from dataset
+    return len(samples), lambda indices: _stack([samples[i] for i in indices])
+
+
+def iterate_grain(context: LoaderContext) -> Iterator[Any]:
+    # Batches made by torch.stack: NumPy has no bfloat16.
+    samples = ShardSamples(context.data["cache"])
+    yield from peers.grain_batches(samples, batch_fn=_stack, **_peer_work(context))
 
 
 def iterate_torchdata(context: LoaderContext) -> Iterator[Any]:
-    import torch
-    import torchdata.nodes as nodes
-    from torch.utils.data import RandomSampler
-
-    samples = ShardSamples(context.data["cache"])
-    sampler = RandomSampler(
-        range(len(samples)), generator=torch.Generator().manual_seed(context.seed)
-    )
-    node = nodes.Batcher(nodes.SamplerWrapper(sampler), batch_size=BATCH_SIZE, drop_last=False)
-    node = nodes.ParallelMapper(
-        node,
-        map_fn=lambda indices: _stack([samples[i] for i in indices]),
-        num_workers=THREADS,
-        method="thread",
-    )
-    loader = nodes.Loader(nodes.Prefetcher(node, prefetch_factor=2))
-    for _epoch in range(int(context.size["epochs"])):
-        yield from loader
+    yield from peers.torchdata_batches(*_gather_samples(context), **_peer_work(context))
 
 
 def iterate_spdl(context: LoaderContext) -> Iterator[Any]:
-    from spdl.pipeline import PipelineBuilder
-
-    samples = ShardSamples(context.data["cache"])
-    order = np.random.default_rng(context.seed)
-    for _epoch in range(int(context.size["epochs"])):
-        pipeline = (
-            PipelineBuilder()
-            .add_source(order.permutation(len(samples)).tolist())
-            .aggregate(BATCH_SIZE)
-            .pipe(lambda indices: _stack([samples[i] for i in indices]), concurrency=THREADS)
-            .add_sink(2)
-            .build(num_threads=THREADS)
-        )
-        with pipeline.auto_stop():
-            yield from pipeline
+    yield from peers.spdl_batches(*_gather_samples(context), **_peer_work(context))
 
 
 def _describe_size(size: Mapping[str, Any]) -> str:
