@@ -16,6 +16,18 @@ import numpy as np
 Gather = Callable[[list[int]], Any]
 
 
+def work(context: Any, batch_size: int, threads: int) -> dict[str, int]:
+    """The work a scenario gives every peer: its batch size and thread
+    count, and the run's shuffling seed and epochs (keyword arguments of the
+    functions below)."""
+    return {
+        "batch_size": batch_size,
+        "threads": threads,
+        "seed": context.seed,
+        "epochs": int(context.size["epochs"]),
+    }
+
+
 def spdl_batches(
     size: int, gather: Gather, *, batch_size: int, threads: int, seed: int, epochs: int
 ) -> Iterator[Any]:

@@ -208,29 +208,24 @@ def _gather_rows(context: LoaderContext) -> tuple[int, Any]:
     return len(rows), lambda indices: torch.from_numpy(rows[np.asarray(indices)])
 
 
-def _peer_work(context: LoaderContext) -> dict[str, int]:
-    return {
-        "batch_size": BATCH_SIZE,
-        "threads": THREADS,
-        "seed": context.seed,
-        "epochs": int(context.size["epochs"]),
-    }
-
-
 def iterate_spdl(context: LoaderContext) -> Iterator[Any]:
-    yield from peers.spdl_batches(*_gather_rows(context), **_peer_work(context))
+    yield from peers.spdl_batches(
+        *_gather_rows(context), **peers.work(context, BATCH_SIZE, THREADS)
+    )
 
 
 def iterate_grain(context: LoaderContext) -> Iterator[Any]:
     import torch
 
     rows = np.load(context.data["path"], mmap_mode="r")
-    for batch in peers.grain_batches(rows, **_peer_work(context)):
+    for batch in peers.grain_batches(rows, **peers.work(context, BATCH_SIZE, THREADS)):
         yield torch.from_numpy(batch)
 
 
 def iterate_torchdata(context: LoaderContext) -> Iterator[Any]:
-    yield from peers.torchdata_batches(*_gather_rows(context), **_peer_work(context))
+    yield from peers.torchdata_batches(
+        *_gather_rows(context), **peers.work(context, BATCH_SIZE, THREADS)
+    )
 
 
 def _describe_size(size: Mapping[str, Any]) -> str:

@@ -241,15 +241,6 @@ def _stack(samples: Any) -> dict[str, Any]:
     return {name: torch.stack([sample[name] for sample in samples]) for name in samples[0]}
 
 
-def _peer_work(context: LoaderContext) -> dict[str, int]:
-    return {
-        "batch_size": BATCH_SIZE,
-        "threads": THREADS,
-        "seed": context.seed,
-        "epochs": int(context.size["epochs"]),
-    }
-
-
 def _gather_samples(context: LoaderContext) -> tuple[int, Any]:
     samples = ShardSamples(context.data["cache"])
     return len(samples), lambda indices: _stack([samples[i] for i in indices])
@@ -258,15 +249,21 @@ def _gather_samples(context: LoaderContext) -> tuple[int, Any]:
 def iterate_grain(context: LoaderContext) -> Iterator[Any]:
     # Batches made by torch.stack: NumPy has no bfloat16.
     samples = ShardSamples(context.data["cache"])
-    yield from peers.grain_batches(samples, batch_fn=_stack, **_peer_work(context))
+    yield from peers.grain_batches(
+        samples, batch_fn=_stack, **peers.work(context, BATCH_SIZE, THREADS)
+    )
 
 
 def iterate_torchdata(context: LoaderContext) -> Iterator[Any]:
-    yield from peers.torchdata_batches(*_gather_samples(context), **_peer_work(context))
+    yield from peers.torchdata_batches(
+        *_gather_samples(context), **peers.work(context, BATCH_SIZE, THREADS)
+    )
 
 
 def iterate_spdl(context: LoaderContext) -> Iterator[Any]:
-    yield from peers.spdl_batches(*_gather_samples(context), **_peer_work(context))
+    yield from peers.spdl_batches(
+        *_gather_samples(context), **peers.work(context, BATCH_SIZE, THREADS)
+    )
 
 
 def _describe_size(size: Mapping[str, Any]) -> str:
