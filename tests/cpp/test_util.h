@@ -92,6 +92,8 @@ void write_npy(const std::string& path, DType dtype, const Shape& shape,
   write_npy(path, dtype, shape, values.data(), values.size() * sizeof(T));
 }
 
+inline constexpr size_t kMiB = size_t{1} << 20;
+
 // The page size of this machine.
 inline const size_t kPage = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
 

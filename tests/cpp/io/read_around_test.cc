@@ -21,7 +21,7 @@ using testing::kPage;
 using testing::resident_pages;
 using testing::TempDir;
 
-constexpr size_t kMiB = size_t{1} << 20;
+using testing::kMiB;
 
 std::string write_file(const TempDir& dir, size_t bytes) {
   const std::string path = dir.path() + "/rows.bin";

@@ -34,7 +34,7 @@ namespace fs = std::filesystem;
 #endif
 
 constexpr uint64_t kKiB = 1024;
-constexpr uint64_t kMiB = 1024 * kKiB;
+using testing::kMiB;
 constexpr uint64_t kGiB = 1024 * kMiB;
 
 // A fake machine root: write("proc/1/stat", ...) creates the file under it.
