@@ -737,6 +737,9 @@ def test_hoarded_batches_stay_in_segments_and_are_freed_when_dropped():
 def test_workers_are_named_for_ps_and_top():
     loader = ll.DataLoader(Squares(16), batch_size=4, num_workers=2, persistent_workers=True)
     iterator = iter(loader)
+    # Batches come in order, one worker each: the second is worker 1's, so
+    # both workers have started (and named themselves) by then.
+    next(iterator)
     next(iterator)
     names = [open(f"/proc/{w.pid}/comm").read().strip() for w in iterator._workers]
     assert names == ["ll_data_worker", "ll_data_worker"]
