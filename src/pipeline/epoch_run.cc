@@ -373,7 +373,7 @@ void EpochRun::read_ahead(int64_t end) {
   // the windows a call announces, so that a thread would not wait in the
   // kernel for the device's queue, lost a quarter of the throughput.)
   for (int64_t position = std::max(from, end); position < target; ++position) {
-    (void)plan_.source->will_need_around(index_at(position));
+    plan_.source->will_need_around(index_at(position));
   }
 }
 

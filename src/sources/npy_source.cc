@@ -193,15 +193,13 @@ void NpySource::will_need(int64_t index) const noexcept {
   }
 }
 
-size_t NpySource::will_need_around(int64_t index) const noexcept {
-  if (index < 0 || index >= rows_) return 0;
-  size_t announced = 0;
+void NpySource::will_need_around(int64_t index) const noexcept {
+  if (index < 0 || index >= rows_) return;
   for (const MappedArray& array : arrays_) {
     if (!array.read_around) continue;
-    announced += array.read_around->announce(array.header.data_offset +
-                                             static_cast<size_t>(index) * array.row_step);
+    array.read_around->announce(array.header.data_offset +
+                                static_cast<size_t>(index) * array.row_step);
   }
-  return announced;
 }
 
 void NpySource::will_read(int64_t index) const noexcept {

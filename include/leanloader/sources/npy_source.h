@@ -57,7 +57,7 @@ class NpySource final : public Source {
   // pread rows of a file that fits in memory, on a device that reads ahead
   // more than a row around a fault: the aligned read-ahead window holding
   // the row, once per window (src/io/read_around.h).
-  size_t will_need_around(int64_t index) const noexcept override;
+  void will_need_around(int64_t index) const noexcept override;
   void will_read(int64_t index) const noexcept override;
 
  private:

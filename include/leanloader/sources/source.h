@@ -102,13 +102,9 @@ class Source {
   // sample `index` is worth reading too, as far as the source judges it (a
   // page fault in a mapping reads the device's read-ahead around it; see
   // src/io/read_around.h). Announced after the samples themselves, so that
-  // the first batch waits for its own rows only. Returns the bytes it
-  // started reading (0: nothing new), so that the loader can bound what is in
-  // flight. Never waits for the data, never throws.
-  virtual size_t will_need_around(int64_t index) const noexcept {
-    (void)index;
-    return 0;
-  }
+  // the first batch waits for its own rows only. Never waits for the data,
+  // never throws.
+  virtual void will_need_around(int64_t index) const noexcept { (void)index; }
   // A hint that this thread reads sample `index` next: start moving its
   // first bytes from memory toward the CPU cache (prefetch instructions).
   // Called once per sample: it must cost a few nanoseconds (no system call,
