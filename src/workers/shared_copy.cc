@@ -22,6 +22,7 @@
 #include "leanloader/core/checked_size.h"
 #include "leanloader/core/error.h"
 #include "workers/held_writes.h"
+#include "workers/written_pages.h"
 
 namespace leanloader {
 
@@ -30,6 +31,9 @@ namespace {
 // The copy is made, and the source's pages mapped from it, this much at a
 // time: the source and its copy coexist for one chunk only.
 constexpr size_t kChunkBytes = size_t{64} << 20;
+// copy_is_current reads the page tables instead of comparing every byte from
+// this size up (a compare of 4 MiB takes about as long as reading /proc's maps).
+constexpr size_t kComparedByPagesBytes = size_t{4} << 20;
 // glibc's chunk header: prev_size then size, each a size_t, before the
 // pointer malloc returns. In the size, bit 1 is IS_MMAPPED, bit 0 PREV_INUSE
 // and bit 2 NON_MAIN_ARENA (both clear for a mmapped chunk). For a mmapped
@@ -192,7 +196,13 @@ bool segment_can_hold_the_pages(const SharedSegment& segment) {
 }  // namespace
 
 bool copy_is_current(const void* source, const void* copy, size_t bytes) {
-  return source == copy || bytes == 0 || std::memcmp(source, copy, bytes) == 0;
+  if (source == copy || bytes == 0) return true;
+  // A page-shared copy: only the pages written since are compared
+  // (written_pages.h); below a few MiB, reading /proc costs more than that.
+  if (bytes >= kComparedByPagesBytes) {
+    if (const auto equal = detail::equal_where_written(source, copy, bytes)) return *equal;
+  }
+  return std::memcmp(source, copy, bytes) == 0;
 }
 
 std::string page_sharing_refusal(const void* source, size_t bytes) {

@@ -488,3 +488,65 @@ def test_a_non_resizable_tensor_over_a_malloc_block_shares_its_pages():
     assert lines["refusal"] == "", result.stdout
     # one copy in all: the tensor's pages are the copy's
     assert int(lines["shared_page_bytes"]) >= 48 * MIB - 2 * 4096, result.stdout
+
+
+class TwoCaches(Dataset):
+    """A YOLO-style RAM cache (one uint8 tensor from torch's allocator) and a
+    NumPy array, 48 MiB each: blocks glibc's malloc maps on their own."""
+
+    def __init__(self) -> None:
+        self.tensor = torch.full((48 * MIB,), 5, dtype=torch.uint8)
+        self.array = np.full(48 * MIB, 7, dtype=np.uint8)
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):
+        return torch.tensor([int(self.tensor[i * MIB]), int(self.array[i * MIB])])
+
+
+SHARED_AHEAD = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, {tests!r})
+    import torch
+    import leanloader as ll
+    from leanloader import _core
+    from test_dataset_sharing import MIB, TwoCaches
+
+    if __name__ == "__main__":
+        dataset = TwoCaches()
+        print("refusal:", _core.page_sharing_refusal(dataset.tensor.data_ptr(), 48 * MIB))
+        loader = ll.DataLoader(dataset, batch_size=4, num_workers=1)
+        sharing = loader.dataset_sharing()  # (waits for the copies made meanwhile)
+        ahead = {{id(s) for s in sharing.segments}}
+        print("copied ahead:", len(ahead), sharing.shared_page_bytes)
+        first = [b.tolist() for b in loader]
+        print("reused:", {{id(s) for s in sharing.segments}} == ahead)
+        dataset.tensor[: 2 * MIB] = 9  # written after its copy was made
+        dataset.array[MIB : 2 * MIB] = 3
+        second = [b.tolist() for b in loader]
+        print("passes:", first, second)
+    """
+)
+
+
+def test_copies_made_before_the_first_pass_serve_it_and_later_writes_are_seen():
+    # The loader copies large arrays and tensors whose pages it can share on
+    # a thread from its construction; a pass uses such a copy only while its
+    # source still holds its bytes. Fresh interpreter: see the test above.
+    script = SHARED_AHEAD.format(tests=str(Path(__file__).parent))
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = dict(line.split(": ", 1) for line in result.stdout.splitlines() if ": " in line)
+    if lines.get("refusal", "") != "":
+        pytest.skip(f"pages are not shared here ({lines['refusal']}): nothing is copied ahead")
+    count, shared = (int(v) for v in lines["copied ahead"].split())
+    assert count == 2 and shared >= 2 * (48 * MIB - 2 * 4096), result.stdout
+    assert lines["reused"] == "True", result.stdout
+    # what torch's workers give for the same writes
+    first = [[[5, 7]] * 4] * 2
+    second = [[[9, 7], [9, 3], [5, 7], [5, 7]], [[5, 7]] * 4]
+    assert lines["passes"] == f"{first} {second}", result.stdout

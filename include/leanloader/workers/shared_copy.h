@@ -76,7 +76,9 @@ SharedCopy make_shared_copy(void* source, size_t bytes, const std::string& dir,
 // shared copy made in an earlier pass stays the workers' only while the
 // main process has not written the source since (torch's workers, fork or
 // spawn, see what the main process holds when they start). Bytes, not
-// values: -0.0 is not 0.0, a NaN equals its own bit pattern.
+// values: -0.0 is not 0.0, a NaN equals its own bit pattern. Where the
+// source's pages are still mapped from this copy, only the pages written
+// since are compared (src/workers/written_pages.h).
 bool copy_is_current(const void* source, const void* copy, size_t bytes);
 
 // Why the pages of `bytes` bytes at `source` cannot be shared (one of the

@@ -114,14 +114,24 @@ class DataLoader(_TorchDataLoader[_T_co]):
         self.shm_dir = option("shm_dir", shm_dir)
         self.warn_copy_bytes = option("warn_copy_bytes", warn_copy_bytes)
         self._sharing: Any = None
+        self._sharing_ahead: Any = None
         self._warned_copy = False
         if self.worker_mode == "process" and self.num_workers > 0:
-            if self._context.get_start_method() == "forkserver":
+            method = self._context.get_start_method()
+            if method == "forkserver":
                 # A fresh fork server imports torch and the dataset's module
                 # while the program goes on (a framework builds its model and
                 # optimizer between making the loader and iterating it): the
                 # first pass's workers fork from a server that is ready.
                 start_fork_server_early(type(dataset).__module__)
+            if method != "fork" and not self.share_in_place:
+                # Likewise the shared copies of large arrays and tensors
+                # (those that cost no memory: sharing.py, SharingAhead).
+                from leanloader.dataloader.sharing import DatasetSharing, SharingAhead
+
+                self._sharing_ahead = SharingAhead(
+                    DatasetSharing(self.share_threshold, self.shm_dir), dataset
+                )
 
     # torch's attribute that the batch order comes from, recorded for state_dict().
     @property
@@ -211,6 +221,8 @@ class DataLoader(_TorchDataLoader[_T_co]):
     def dataset_sharing(self) -> Any:
         """The loader's shared copies of large arrays and tensors (kept for
         its lifetime, reused by every pass)."""
+        if self._sharing is None and self._sharing_ahead is not None:
+            self._sharing, self._sharing_ahead = self._sharing_ahead.wait(), None
         if self._sharing is None:
             from leanloader.dataloader.sharing import DatasetSharing
 

@@ -138,6 +138,67 @@ class DatasetSharing:
             moved += int(value.nbytes)
         return moved
 
+    def share_ahead(self, dataset: Any) -> int:
+        """Makes now the shared copies the first pickle would make, of the
+        large arrays and tensors reachable from `dataset`, where a copy
+        costs no memory: their pages then become the copy's (see
+        _copy_sharing_pages). Run on a thread of its own from the loader's
+        construction (start_sharing_ahead), so that the copying overlaps
+        what the program does before its first pass; that pass's pickle
+        reuses each copy the source still matches. Anything else (a copy
+        that would be a second copy, a file's bytes, tensors already
+        shared) is left to the pickle. Returns the bytes copied."""
+        import numpy as np
+
+        from leanloader.audit import walk
+
+        torch = self.torch
+        copied = 0
+        for _path, value, _container, _key in walk(dataset):
+            if type(value) is np.ndarray and self._shares_pages_ahead(value, np):
+                self._shared_copy(value, np)
+                copied += int(value.nbytes)
+            elif torch is not None and type(value) in (torch.Tensor, torch.nn.Parameter):
+                storage = self._storage_to_share_ahead(value)
+                if storage is not None:
+                    self._copy_storage(value)
+                    copied += int(storage.nbytes())
+        return copied
+
+    def _shares_pages_ahead(self, array: Any, np: Any) -> bool:
+        """Whether the first pickle would copy `array` with its pages shared
+        (the same tests as reduce_array and _shared_copy)."""
+        if not SHARE_PAGES or array.nbytes < self.threshold or not array.flags.c_contiguous:
+            return False
+        if array.dtype.str not in NUMPY_TO_NAME or _numpy_block_owner(array, np) is None:
+            return False
+        address = array.__array_interface__["data"][0]
+        return (
+            file_array_reference(array, self.threshold) is None
+            and _core.find_shared_segment(address) is None
+            and _core.page_sharing_refusal(address, int(array.nbytes)) == ""
+        )
+
+    def _storage_to_share_ahead(self, tensor: Any) -> Any:
+        """The storage of `tensor` when the first pickle would copy it with
+        its pages shared (the tests of reduce_tensor and _copy_storage), else None."""
+        torch = self.torch
+        if self.in_place or not SHARE_PAGES or tensor.device.type != "cpu":
+            return None
+        if tensor.layout != torch.strided or tensor.is_quantized or tensor.is_nested:
+            return None
+        if tensor.grad_fn is not None or tensor.dtype not in torch_dtype_names():
+            return None
+        storage = tensor.untyped_storage()
+        address, nbytes = storage.data_ptr(), storage.nbytes()
+        if nbytes < self.threshold or storage.is_shared() or _pinned(storage):
+            return None
+        if _core.file_backing(address, nbytes) is not None:
+            return None
+        if _core.find_shared_segment(address) is not None:
+            return None
+        return storage if _core.page_sharing_refusal(address, nbytes) == "" else None
+
     def _should_move_array(self, value: Any, np: Any) -> bool:
         return (
             type(value) is np.ndarray
@@ -343,6 +404,33 @@ class DatasetSharing:
             )
             tensor.data = moved
         return shared_storage
+
+
+class SharingAhead:
+    """DatasetSharing.share_ahead on a daemon thread of its own, started at a
+    loader's construction; wait() before the sharing is used (the sharing
+    is not thread-safe). What it does is an optimisation only: a dataset
+    that changes meanwhile, or anything the walk raises, leaves the rest to
+    the first pass's pickle, which checks every copy it reuses."""
+
+    def __init__(self, sharing: DatasetSharing, dataset: Any) -> None:
+        import threading
+
+        self._sharing = sharing
+        self._thread = threading.Thread(
+            target=self._run, args=(dataset,), name="leanloader-share-ahead", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, dataset: Any) -> None:
+        try:
+            self._sharing.share_ahead(dataset)
+        except Exception:  # the first pass pickles (and reports) anything
+            pass
+
+    def wait(self) -> DatasetSharing:
+        self._thread.join()
+        return self._sharing
 
 
 def file_array_reference(array: Any, min_bytes: int) -> tuple | None:

@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -26,6 +27,7 @@
 #include "leanloader/core/error.h"
 #include "test_util.h"
 #include "workers/held_writes.h"
+#include "workers/written_pages.h"
 
 namespace leanloader {
 namespace {
@@ -292,6 +294,47 @@ TEST(SharedCopyTest, WorkersSeeTheBytesAndNotTheParentsLaterWrites) {
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0);
+  std::free(source);
+}
+
+// Writes a byte as the program would, so that the page it is on becomes a
+// private (anonymous) copy even when the value is the same.
+void write_byte(std::byte* at, std::byte value) {
+  *reinterpret_cast<volatile std::byte*>(at) = value;
+}
+
+TEST(SharedCopyTest, ACopyStaysCurrentUntilAByteDiffersWhereverItIsWritten) {
+  if (const std::string why = allocator_refusal(); !why.empty()) GTEST_SKIP() << why;
+  const size_t bytes = (40 << 20) + 777;  // ends mid-page at both ends
+  auto* source = static_cast<std::byte*>(std::malloc(bytes));
+  ASSERT_NE(source, nullptr);
+  fill(source, bytes, 6);
+  SharedCopy shared = make_shared_copy(source, bytes, "", PageSharing::kWhereSafe);
+  ASSERT_GT(shared.shared_bytes, 0u);
+  const std::byte* copy = shared.segment->data() + shared.offset;
+  // Told from the page tables (nothing written yet), and the same verdict as
+  // a compare of every byte in each case below.
+  ASSERT_EQ(detail::equal_where_written(source, copy, bytes), std::optional<bool>(true));
+  EXPECT_TRUE(copy_is_current(source, copy, bytes));
+
+  for (const size_t at : {size_t{10}, bytes / 2, bytes - 1}) {  // head page, interior, tail page
+    const std::byte before = source[at];
+    write_byte(source + at, before);  // written, but the same bytes
+    EXPECT_EQ(detail::equal_where_written(source, copy, bytes), std::optional<bool>(true)) << at;
+    EXPECT_TRUE(copy_is_current(source, copy, bytes)) << at;
+    write_byte(source + at, before ^ std::byte{1});
+    EXPECT_EQ(detail::equal_where_written(source, copy, bytes), std::optional<bool>(false)) << at;
+    EXPECT_FALSE(copy_is_current(source, copy, bytes)) << at;
+    write_byte(source + at, before);
+    EXPECT_TRUE(copy_is_current(source, copy, bytes)) << at;
+  }
+  // Another copy of the same bytes is not the source's pages: every byte is compared.
+  SharedCopy plain = make_shared_copy(source, bytes, "", PageSharing::kOff);
+  const std::byte* other = plain.segment->data() + plain.offset;
+  EXPECT_EQ(detail::equal_where_written(source, other, bytes), std::nullopt);
+  EXPECT_TRUE(copy_is_current(source, other, bytes));
+  write_byte(source + bytes / 3, source[bytes / 3] ^ std::byte{1});
+  EXPECT_FALSE(copy_is_current(source, other, bytes));
   std::free(source);
 }
 

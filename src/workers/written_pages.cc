@@ -1,0 +1,107 @@
+#include "workers/written_pages.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "core/page_size.h"
+#include "io/proc_maps.h"
+
+namespace leanloader::detail {
+
+namespace {
+
+// The file range [start, end) is mapped from: one file (device, inode), file
+// offsets continuing from mapping to mapping, every mapping shared ('s') or
+// private ('p') as asked. `offset` is the file offset of `start`.
+struct MappedFileRange {
+  uint64_t device = 0;
+  uint64_t inode = 0;
+  uint64_t offset = 0;
+};
+
+std::optional<MappedFileRange> mapped_file_range(const std::vector<ProcessMapping>& mappings,
+                                                 uintptr_t start, uintptr_t end, char kind) {
+  std::optional<MappedFileRange> found;
+  uintptr_t covered = start;
+  uint64_t next_offset = 0;
+  for (const ProcessMapping& mapping : mappings) {
+    if (mapping.end <= covered) continue;
+    if (mapping.start > covered || mapping.inode == 0 || mapping.perms.size() != 4 ||
+        mapping.perms[3] != kind) {
+      return std::nullopt;  // a gap, anonymous memory, or the other kind of mapping
+    }
+    const uint64_t offset = mapping.offset + (covered - mapping.start);
+    if (!found) {
+      found = MappedFileRange{mapping.device, mapping.inode, offset};
+    } else if (mapping.device != found->device || mapping.inode != found->inode ||
+               offset != next_offset) {
+      return std::nullopt;
+    }
+    next_offset = offset + (std::min(mapping.end, end) - covered);
+    covered = mapping.end;
+    if (covered >= end) return found;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<bool> equal_where_written(const void* source, const void* copy, size_t bytes) {
+  const size_t page = page_size();
+  const auto from = reinterpret_cast<uintptr_t>(source);
+  const auto to = reinterpret_cast<uintptr_t>(copy);
+  if (bytes == 0 || from + bytes < from || to + bytes < to || from % page != to % page) {
+    return std::nullopt;
+  }
+  const uintptr_t first = (from + page - 1) / page * page;  // the page-aligned interior
+  const uintptr_t last = (from + bytes) / page * page;
+  if (last <= first) return std::nullopt;
+  const uintptr_t copy_first = to + (first - from);
+  const std::vector<ProcessMapping> mappings = read_process_mappings();
+  const auto source_file = mapped_file_range(mappings, first, last, 'p');
+  const auto copy_file = mapped_file_range(mappings, copy_first, copy_first + (last - first), 's');
+  if (!source_file || !copy_file || source_file->device != copy_file->device ||
+      source_file->inode != copy_file->inode || source_file->offset != copy_file->offset) {
+    return std::nullopt;
+  }
+  const int pagemap = ::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+  if (pagemap < 0) return std::nullopt;
+  constexpr uint64_t kPresent = uint64_t{1} << 63;
+  constexpr uint64_t kSwapped = uint64_t{1} << 62;
+  constexpr uint64_t kFilePage = uint64_t{1} << 61;
+  std::optional<bool> equal = true;
+  std::vector<uint64_t> entries(4096);
+  for (uintptr_t at = first; at < last && equal == true;) {
+    const size_t pages = std::min<size_t>(entries.size(), (last - at) / page);
+    const ssize_t got = ::pread(pagemap, entries.data(), pages * sizeof(uint64_t),
+                                static_cast<off_t>(at / page * sizeof(uint64_t)));
+    if (got != static_cast<ssize_t>(pages * sizeof(uint64_t))) {
+      equal = std::nullopt;
+      break;
+    }
+    for (size_t i = 0; i < pages; ++i) {
+      const uint64_t entry = entries[i];
+      const bool written = (entry & (kPresent | kSwapped)) != 0 && (entry & kFilePage) == 0;
+      const uintptr_t address = at + i * page;
+      if (written && std::memcmp(reinterpret_cast<const void*>(address),
+                                 reinterpret_cast<const void*>(to + (address - from)), page) != 0) {
+        equal = false;
+        break;
+      }
+    }
+    at += pages * page;
+  }
+  ::close(pagemap);
+  if (equal != true) return equal;
+  // The partial pages at either end are the source's own memory.
+  return std::memcmp(source, copy, first - from) == 0 &&
+         std::memcmp(reinterpret_cast<const void*>(last),
+                     reinterpret_cast<const void*>(to + (last - from)), from + bytes - last) == 0;
+}
+
+}  // namespace leanloader::detail
