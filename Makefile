@@ -35,7 +35,7 @@ $(VENV)/.requirements: requirements-dev.txt | deps
 	$(PY) -m pip install -q -r requirements-dev.txt
 	touch $@
 
-# The package, built by scikit-build-core into build/<wheel tag> (incremental).
+# The package, built by scikit-build-core in build/cpp (incremental; see test-cpp).
 $(VENV)/.installed: $(VENV)/.requirements $(CORE_SOURCES)
 	$(PY) -m pip install -q --no-build-isolation --no-deps .
 	touch $@
@@ -47,12 +47,16 @@ demo: setup
 
 test: lint test-cpp test-sanitize test-tsan test-fuzz test-python
 
-build/cpp/build.ninja: | $(VENV)/.requirements
-	cmake -S . -B build/cpp -G Ninja -DCMAKE_BUILD_TYPE=Release -DLEANLOADER_BUILD_TESTS=ON
+# One plain tree for the C++ tests and the Python module (pyproject.toml's
+# build-dir): the core library is compiled once for both. Configured every
+# time (a no-op when nothing changed), since `pip install .` may have
+# configured it first, without the tests.
+CONFIGURE_PLAIN := cmake -S . -B build/cpp -G Ninja -DCMAKE_BUILD_TYPE=Release -DLEANLOADER_BUILD_TESTS=ON
 
-test-cpp: build/cpp/build.ninja
+test-cpp: | $(VENV)/.requirements
+	$(CONFIGURE_PLAIN) >/dev/null
 	cmake --build build/cpp
-	ctest --test-dir build/cpp --output-on-failure -j2 --timeout 300
+	ctest --test-dir build/cpp --output-on-failure --no-tests=error -j2 --timeout 300
 
 # The sanitizer and fuzz builds compile sources in batches (a unity build: a
 # third of the time on two cores). build/cpp and the Python module compile each
@@ -96,14 +100,19 @@ test-fuzz: build/fuzz/build.ninja
 fuzz:
 	$(MAKE) test-fuzz FUZZ_SECONDS=600
 
+# Two test files at a time (pytest-xdist; a file's tests, and its module
+# fixtures, stay in one worker): most tests wait on one child process, so one
+# at a time leaves a core idle.
+PYTEST_WORKERS ?= 2
 test-python: setup
-	$(PY) -m pytest -q tests/python
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile tests/python
 
 # On a machine with an NVIDIA GPU and a CUDA build of torch (not part of
 # `make test`): the device feed's C++ tests (CUDA runtime loaded at run time)
 # and tests/gpu/. Without CUDA the tests skip and say why. On a lent GPU machine
 # without network: tests/gpu/on_lent_machine.sh (docs/gpu.md).
-test-gpu: setup build/cpp/build.ninja
+test-gpu: setup
+	$(CONFIGURE_PLAIN) >/dev/null
 	cmake --build build/cpp
 	ctest --test-dir build/cpp -R 'DeviceFeed|DeviceReadFence|HostStandIn|CudaRuntime' --output-on-failure
 	$(PY) -m pytest -q -rs tests/gpu
