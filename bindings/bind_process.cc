@@ -4,6 +4,7 @@
 // src/slot_pool.cc, src/shared_records.cc.
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -11,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "bindings.h"
@@ -190,6 +192,20 @@ void bind_process(nb::module_& m) {
       },
       nb::arg("address"), nb::arg("bytes"),
       "Why shared_copy cannot share the pages of this block, or '' when it can.");
+  m.def(
+      "page_sharing_refusals",
+      [](const std::vector<std::pair<uintptr_t, size_t>>& blocks) {
+        // The GIL stays held, as above: a block's malloc header is read.
+        std::vector<std::pair<const void*, size_t>> ranges;
+        ranges.reserve(blocks.size());
+        for (const auto& [address, bytes] : blocks) {
+          ranges.emplace_back(reinterpret_cast<const void*>(address), bytes);
+        }
+        return page_sharing_refusals(ranges);
+      },
+      nb::arg("blocks"),
+      "page_sharing_refusal for each (address, bytes) of `blocks`, reading the process's "
+      "mappings once.");
 
   m.def(
       "shared_mapping_descriptor",

@@ -209,6 +209,15 @@ std::string page_sharing_refusal(const void* source, size_t bytes) {
   return refusal(source, bytes, detail::read_process_mappings());
 }
 
+std::vector<std::string> page_sharing_refusals(
+    const std::vector<std::pair<const void*, size_t>>& blocks) {
+  const std::vector<Mapping> mappings = detail::read_process_mappings();
+  std::vector<std::string> reasons;
+  reasons.reserve(blocks.size());
+  for (const auto& [source, bytes] : blocks) reasons.push_back(refusal(source, bytes, mappings));
+  return reasons;
+}
+
 SharedCopy make_shared_copy(void* source, size_t bytes, const std::string& dir,
                             PageSharing sharing) {
   return make_shared_copy(source, bytes, *SharedArena::create(dir), sharing);

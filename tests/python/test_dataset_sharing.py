@@ -473,11 +473,13 @@ NON_RESIZABLE = textwrap.dedent(
 )
 
 
-def test_a_non_resizable_tensor_over_a_malloc_block_shares_its_pages():
-    # In a fresh interpreter: after earlier tests free large blocks, glibc may
-    # serve 48 MiB from the top of its heap instead of mapping a block of its
-    # own (a heap block is copied, not shared: shared_copy.h).
-    script = NON_RESIZABLE.format(tests=str(Path(__file__).parent))
+def _fresh_interpreter(script: str) -> tuple[dict[str, str], str]:
+    """Runs `script` (formatted with this directory as `tests`) in a fresh
+    interpreter: after earlier tests free large blocks, glibc may serve
+    48 MiB from the top of its heap instead of mapping a block of its own (a
+    heap block is copied, not shared: shared_copy.h). Returns its "key:
+    value" lines and its whole output."""
+    script = script.format(tests=str(Path(__file__).parent))
     result = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
     )
@@ -485,9 +487,14 @@ def test_a_non_resizable_tensor_over_a_malloc_block_shares_its_pages():
     lines = dict(line.split(": ", 1) for line in result.stdout.splitlines() if ": " in line)
     if "allocator" in lines.get("refusal", ""):
         pytest.skip("this process's malloc is not glibc's: copies stay plain copies")
-    assert lines["refusal"] == "", result.stdout
+    return lines, result.stdout
+
+
+def test_a_non_resizable_tensor_over_a_malloc_block_shares_its_pages():
+    lines, output = _fresh_interpreter(NON_RESIZABLE)
+    assert lines["refusal"] == "", output
     # one copy in all: the tensor's pages are the copy's
-    assert int(lines["shared_page_bytes"]) >= 48 * MIB - 2 * 4096, result.stdout
+    assert int(lines["shared_page_bytes"]) >= 48 * MIB - 2 * 4096, output
 
 
 class TwoCaches(Dataset):
@@ -534,19 +541,13 @@ SHARED_AHEAD = textwrap.dedent(
 def test_copies_made_before_the_first_pass_serve_it_and_later_writes_are_seen():
     # The loader copies large arrays and tensors whose pages it can share on
     # a thread from its construction; a pass uses such a copy only while its
-    # source still holds its bytes. Fresh interpreter: see the test above.
-    script = SHARED_AHEAD.format(tests=str(Path(__file__).parent))
-    result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    lines = dict(line.split(": ", 1) for line in result.stdout.splitlines() if ": " in line)
-    if lines.get("refusal", "") != "":
-        pytest.skip(f"pages are not shared here ({lines['refusal']}): nothing is copied ahead")
+    # source still holds its bytes.
+    lines, output = _fresh_interpreter(SHARED_AHEAD)
+    assert lines["refusal"] == "", output
     count, shared = (int(v) for v in lines["copied ahead"].split())
-    assert count == 2 and shared >= 2 * (48 * MIB - 2 * 4096), result.stdout
-    assert lines["reused"] == "True", result.stdout
+    assert count == 2 and shared >= 2 * (48 * MIB - 2 * 4096), output
+    assert lines["reused"] == "True", output
     # what torch's workers give for the same writes
     first = [[[5, 7]] * 4] * 2
     second = [[[9, 7], [9, 3], [5, 7], [5, 7]], [[5, 7]] * 4]
-    assert lines["passes"] == f"{first} {second}", result.stdout
+    assert lines["passes"] == f"{first} {second}", output

@@ -38,6 +38,8 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "leanloader/workers/shared_arena.h"
 #include "leanloader/workers/shared_segment.h"
@@ -84,5 +86,10 @@ bool copy_is_current(const void* source, const void* copy, size_t bytes);
 // Why the pages of `bytes` bytes at `source` cannot be shared (one of the
 // rules above), or "" when they can. Reads /proc/self/maps.
 std::string page_sharing_refusal(const void* source, size_t bytes);
+
+// The same for each of `blocks` (address, bytes), reading /proc/self/maps
+// once: the reasons in the same order.
+std::vector<std::string> page_sharing_refusals(
+    const std::vector<std::pair<const void*, size_t>>& blocks);
 
 }  // namespace leanloader

@@ -143,61 +143,66 @@ class DatasetSharing:
         large arrays and tensors reachable from `dataset`, where a copy
         costs no memory: their pages then become the copy's (see
         _copy_sharing_pages). Run on a thread of its own from the loader's
-        construction (start_sharing_ahead), so that the copying overlaps
-        what the program does before its first pass; that pass's pickle
-        reuses each copy the source still matches. Anything else (a copy
-        that would be a second copy, a file's bytes, tensors already
-        shared) is left to the pickle. Returns the bytes copied."""
+        construction (SharingAhead), so that the copying overlaps what the
+        program does before its first pass; that pass's pickle reuses each
+        copy the source still matches. Anything else (a copy that would be
+        a second copy, a file's bytes, tensors already shared) is left to
+        the pickle. Returns the bytes copied."""
         import numpy as np
 
         from leanloader.audit import walk
 
-        torch = self.torch
-        copied = 0
+        if not SHARE_PAGES or self.in_place:
+            return 0
+        candidates: list[tuple[Any, int, int]] = []  # (array or tensor, address, bytes)
         for _path, value, _container, _key in walk(dataset):
-            if type(value) is np.ndarray and self._shares_pages_ahead(value, np):
+            candidate = self._candidate_ahead(value, np)
+            if candidate is not None:
+                candidates.append((value, *candidate))
+        # Which of them malloc mapped on its own: the process's mappings read once.
+        reasons = _core.page_sharing_refusals([(a, n) for _, a, n in candidates])
+        copied = 0
+        for (value, _address, nbytes), reason in zip(candidates, reasons, strict=True):
+            if reason:
+                continue
+            if isinstance(value, np.ndarray):
                 self._shared_copy(value, np)
-                copied += int(value.nbytes)
-            elif torch is not None and type(value) in (torch.Tensor, torch.nn.Parameter):
-                storage = self._storage_to_share_ahead(value)
-                if storage is not None:
-                    self._copy_storage(value)
-                    copied += int(storage.nbytes())
+            else:
+                self._copy_storage(value)
+            copied += nbytes
         return copied
 
-    def _shares_pages_ahead(self, array: Any, np: Any) -> bool:
-        """Whether the first pickle would copy `array` with its pages shared
-        (the same tests as reduce_array and _shared_copy)."""
-        if not SHARE_PAGES or array.nbytes < self.threshold or not array.flags.c_contiguous:
-            return False
-        if array.dtype.str not in NUMPY_TO_NAME or _numpy_block_owner(array, np) is None:
-            return False
-        address = array.__array_interface__["data"][0]
-        return (
-            file_array_reference(array, self.threshold) is None
-            and _core.find_shared_segment(address) is None
-            and _core.page_sharing_refusal(address, int(array.nbytes)) == ""
-        )
-
-    def _storage_to_share_ahead(self, tensor: Any) -> Any:
-        """The storage of `tensor` when the first pickle would copy it with
-        its pages shared (the tests of reduce_tensor and _copy_storage), else None."""
-        torch = self.torch
-        if self.in_place or not SHARE_PAGES or tensor.device.type != "cpu":
-            return None
-        if tensor.layout != torch.strided or tensor.is_quantized or tensor.is_nested:
-            return None
-        if tensor.grad_fn is not None or tensor.dtype not in torch_dtype_names():
-            return None
-        storage = tensor.untyped_storage()
-        address, nbytes = storage.data_ptr(), storage.nbytes()
-        if nbytes < self.threshold or storage.is_shared() or _pinned(storage):
-            return None
-        if _core.file_backing(address, nbytes) is not None:
-            return None
+    def _candidate_ahead(self, value: Any, np: Any) -> tuple[int, int] | None:
+        """(address, bytes) of the block the first pickle would copy for
+        `value` with the tests that need no system call (those of
+        reduce_array, reduce_tensor, _shared_copy and _copy_storage), when
+        it is an array or CPU tensor that might have its pages shared; else
+        None. What is a file's bytes is not malloc's block: the refusal
+        check that follows rules it out."""
+        if type(value) is np.ndarray:
+            if value.nbytes < self.threshold or not value.flags.c_contiguous:
+                return None
+            if value.dtype.str not in NUMPY_TO_NAME or _numpy_block_owner(value, np) is None:
+                return None
+            address = value.__array_interface__["data"][0]
+            nbytes = int(value.nbytes)
+        else:
+            torch = self.torch
+            if torch is None or type(value) not in (torch.Tensor, torch.nn.Parameter):
+                return None
+            if value.device.type != "cpu" or value.layout != torch.strided:
+                return None
+            if value.is_quantized or value.is_nested or value.grad_fn is not None:
+                return None
+            if value.dtype not in torch_dtype_names():
+                return None
+            storage = value.untyped_storage()
+            address, nbytes = storage.data_ptr(), storage.nbytes()
+            if nbytes < self.threshold or storage.is_shared() or _pinned(storage):
+                return None
         if _core.find_shared_segment(address) is not None:
             return None
-        return storage if _core.page_sharing_refusal(address, nbytes) == "" else None
+        return address, nbytes
 
     def _should_move_array(self, value: Any, np: Any) -> bool:
         return (
