@@ -188,13 +188,9 @@ class DatasetSharing:
             nbytes = int(value.nbytes)
         else:
             torch = self.torch
-            if torch is None or type(value) not in (torch.Tensor, torch.nn.Parameter):
+            if torch is None or not isinstance(value, torch.Tensor):
                 return None
-            if value.device.type != "cpu" or value.layout != torch.strided:
-                return None
-            if value.is_quantized or value.is_nested or value.grad_fn is not None:
-                return None
-            if value.dtype not in torch_dtype_names():
+            if not _plain_cpu_tensor(value, torch):
                 return None
             storage = value.untyped_storage()
             address, nbytes = storage.data_ptr(), storage.nbytes()
@@ -324,12 +320,8 @@ class DatasetSharing:
 
     def reduce_tensor(self, tensor: Any) -> Any:
         torch = self.torch
-        if tensor.device.type != "cpu" or tensor.layout != torch.strided or tensor.is_quantized:
+        if not _plain_cpu_tensor(tensor, torch):
             return NotImplemented  # (sparse, nested and quantized tensors pickle as torch does)
-        if tensor.is_nested or type(tensor) not in (torch.Tensor, torch.nn.Parameter):
-            return NotImplemented
-        if tensor.grad_fn is not None or tensor.dtype not in torch_dtype_names():
-            return NotImplemented
         storage = tensor.untyped_storage()
         if storage.nbytes() >= self.threshold:
             backing = _core.file_backing(storage.data_ptr(), storage.nbytes())
@@ -510,6 +502,21 @@ def _same_values(array: Any, copy: Any, np: Any) -> bool:
     if unsigned is None or array.shape != copy.shape:
         return False  # (compared as bytes only where a view allows it: copied again)
     return bool(np.array_equal(array.view(unsigned), copy.view(unsigned)))
+
+
+def _plain_cpu_tensor(tensor: Any, torch: Any) -> bool:
+    """Whether reduce_tensor sends `tensor` through shared memory: a dense
+    CPU Tensor or Parameter (not a subclass) of a dtype workers rebuild,
+    outside autograd's graph. Others pickle as torch pickles them."""
+    return (
+        type(tensor) in (torch.Tensor, torch.nn.Parameter)
+        and tensor.device.type == "cpu"
+        and tensor.layout == torch.strided
+        and not tensor.is_quantized
+        and not tensor.is_nested
+        and tensor.grad_fn is None
+        and tensor.dtype in torch_dtype_names()
+    )
 
 
 def _pinned(storage: Any) -> bool:
