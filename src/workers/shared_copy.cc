@@ -256,7 +256,7 @@ SharedCopy make_shared_copy(void* source, size_t bytes, SharedArena& arena, Page
       hold.emplace(base + map_from, map_to - map_from);
       share = hold->held();
     }
-    std::memcpy(segment.data() + from, reinterpret_cast<const std::byte*>(base + from), to - from);
+    segment.write(from, reinterpret_cast<const void*>(base + from), to - from);
     if (share && map_from < map_to) {
       void* mapped = ::mmap(reinterpret_cast<void*>(base + map_from), map_to - map_from,
                             PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, segment.fd(),

@@ -242,6 +242,7 @@ std::shared_ptr<SharedSegment> SharedSegment::create(size_t size, const std::str
   if (data == MAP_FAILED) throw IoError("cannot map shared memory segment", file->path, errno);
   auto segment = std::shared_ptr<SharedSegment>(
       new SharedSegment(static_cast<std::byte*>(data), size, std::move(file), 0, true, false));
+  segment->made_here_ = true;
   register_segment(segment);
   return segment;
 }
@@ -253,6 +254,7 @@ std::shared_ptr<SharedSegment> SharedSegment::over_range(std::byte* data, size_t
   auto segment = std::shared_ptr<SharedSegment>(
       new SharedSegment(data, size, std::move(file), file_offset, true, false));
   segment->arena_ = std::move(arena);
+  segment->made_here_ = true;
   segment->forks_at_creation_ = forks_of_this_process();
   register_segment(segment);
   return segment;
@@ -344,7 +346,27 @@ void SharedSegment::reserve(size_t offset, size_t bytes) {
 void SharedSegment::write(size_t offset, const void* src, size_t bytes) {
   if (!writable_) throw InvalidArgument("shared memory segment '" + path() + "' is read-only");
   check_range(offset, bytes, "write");
-  if (bytes > 0) std::memcpy(data_ + offset, src, bytes);
+  if (!made_here_) {
+    if (bytes > 0) std::memcpy(data_ + offset, src, bytes);
+    return;
+  }
+  const auto* from = static_cast<const std::byte*>(src);
+  while (bytes > 0) {
+    const ssize_t written =
+        ::pwrite(file_->fd, from, bytes, static_cast<off_t>(file_offset_ + offset));
+    if (written < 0 && errno == EINTR) continue;
+    if (written <= 0) {
+      const int error_number = written < 0 ? errno : ENOSPC;
+      if (error_number == ENOSPC || error_number == ENOMEM) {
+        detail::throw_no_space(detail::directory_of(*file_), bytes);
+      }
+      throw IoError("cannot write " + std::to_string(bytes) + " bytes into shared memory segment",
+                    path(), error_number);
+    }
+    from += written;
+    offset += static_cast<size_t>(written);
+    bytes -= static_cast<size_t>(written);
+  }
 }
 
 std::shared_ptr<SharedSegment> SharedSegment::find(const void* address) {

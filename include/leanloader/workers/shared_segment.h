@@ -118,8 +118,17 @@ class SharedSegment final : public Storage {
   // InvalidArgument when the range does not fit.
   void reserve(size_t offset, size_t bytes);
 
-  // Copies `bytes` bytes from `src` to `offset`. Throws InvalidArgument when
-  // the range does not fit, or when the segment is read-only.
+  // Copies `bytes` bytes from `src` to `offset`. A segment this process made
+  // (create(), SharedArena::allocate()) is written through its file
+  // (pwrite): a page never written before is then filled without being
+  // zeroed first and without a page fault per 4 KiB page in this process
+  // (a 300 MB batch into a fresh memfd on the 2-core AMD VM: ~100 ms, against
+  // ~230 ms through the mapping's faults). A segment attached from another
+  // process (a batch slot offered again, whose pages were written before) is
+  // written through the mapping, faster for pages already there (~55 ms for
+  // the same 300 MB). Either way every mapping of the file sees the bytes.
+  // Throws InvalidArgument when the range does not fit, or when the segment
+  // is read-only; IoError when the file has no room for pages not reserved.
   void write(size_t offset, const void* src, size_t bytes);
 
   // The segment that contains `address` among the segments alive in this
@@ -156,6 +165,9 @@ class SharedSegment final : public Storage {
   size_t file_offset_;
   bool writable_;
   bool copy_on_write_;
+  // Made by this process (create(), over_range()): write() goes through the
+  // file. Fixed at construction.
+  bool made_here_ = false;
   // The arena whose range this is (given back when the segment goes), or null.
   std::shared_ptr<SharedArena> arena_;
   // Which fork of this process came last when the range was made (see
