@@ -1,15 +1,13 @@
 #include "leanloader/workers/file_backing.h"
 
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
-#include <vector>
 
-#include "core/page_size.h"
 #include "io/proc_maps.h"
+#include "workers/written_pages.h"
 
 namespace leanloader {
 
@@ -17,37 +15,16 @@ namespace {
 
 constexpr std::string_view kDeleted = " (deleted)";
 
-using detail::page_size;
-
-// True when a page of [start, end) in this process is anonymous: present or
-// swapped without being a file page (pagemap bits 63, 62 and 61), that is,
-// a private copy written since the file was mapped. Unreadable pagemap:
-// true (no claim is made without proof).
+// True when a page of [start, end) in this process is anonymous: a private
+// copy written since the file was mapped. Unreadable pagemap: true (no claim
+// is made without proof).
 bool has_private_pages(uintptr_t start, uintptr_t end) {
-  const int fd = ::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return true;
-  const size_t page = page_size();
-  constexpr uint64_t kPresent = uint64_t{1} << 63;
-  constexpr uint64_t kSwapped = uint64_t{1} << 62;
-  constexpr uint64_t kFilePage = uint64_t{1} << 61;
-  std::vector<uint64_t> entries(4096);
   bool found = false;
-  for (uintptr_t at = start / page * page; at < end && !found;) {
-    const size_t pages = std::min<size_t>(entries.size(), (end - at + page - 1) / page);
-    const ssize_t got = ::pread(fd, entries.data(), pages * sizeof(uint64_t),
-                                static_cast<off_t>(at / page * sizeof(uint64_t)));
-    if (got != static_cast<ssize_t>(pages * sizeof(uint64_t))) {
-      found = true;
-      break;
-    }
-    for (size_t i = 0; i < pages && !found; ++i) {
-      const uint64_t entry = entries[i];
-      found = (entry & (kPresent | kSwapped)) != 0 && (entry & kFilePage) == 0;
-    }
-    at += pages * page;
-  }
-  ::close(fd);
-  return found;
+  const bool read = detail::for_each_written_page(start, end, [&](uintptr_t) {
+    found = true;
+    return false;
+  });
+  return found || !read;
 }
 
 }  // namespace

@@ -51,6 +51,37 @@ std::optional<MappedFileRange> mapped_file_range(const std::vector<ProcessMappin
 
 }  // namespace
 
+bool for_each_written_page(uintptr_t start, uintptr_t end,
+                           const std::function<bool(uintptr_t)>& visit) {
+  const int pagemap = ::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+  if (pagemap < 0) return false;
+  const size_t page = page_size();
+  constexpr uint64_t kPresent = uint64_t{1} << 63;
+  constexpr uint64_t kSwapped = uint64_t{1} << 62;
+  constexpr uint64_t kFilePage = uint64_t{1} << 61;
+  std::vector<uint64_t> entries(4096);
+  bool read_all = true;
+  bool go_on = true;
+  for (uintptr_t at = start / page * page; at < end && go_on;) {
+    const size_t pages = std::min<size_t>(entries.size(), (end - at + page - 1) / page);
+    const ssize_t got = ::pread(pagemap, entries.data(), pages * sizeof(uint64_t),
+                                static_cast<off_t>(at / page * sizeof(uint64_t)));
+    if (got != static_cast<ssize_t>(pages * sizeof(uint64_t))) {
+      read_all = false;
+      break;
+    }
+    for (size_t i = 0; i < pages && go_on; ++i) {
+      const uint64_t entry = entries[i];
+      if ((entry & (kPresent | kSwapped)) != 0 && (entry & kFilePage) == 0) {
+        go_on = visit(at + i * page);
+      }
+    }
+    at += pages * page;
+  }
+  ::close(pagemap);
+  return read_all;
+}
+
 std::optional<bool> equal_where_written(const void* source, const void* copy, size_t bytes) {
   const size_t page = page_size();
   const auto from = reinterpret_cast<uintptr_t>(source);
@@ -69,35 +100,14 @@ std::optional<bool> equal_where_written(const void* source, const void* copy, si
       source_file->inode != copy_file->inode || source_file->offset != copy_file->offset) {
     return std::nullopt;
   }
-  const int pagemap = ::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
-  if (pagemap < 0) return std::nullopt;
-  constexpr uint64_t kPresent = uint64_t{1} << 63;
-  constexpr uint64_t kSwapped = uint64_t{1} << 62;
-  constexpr uint64_t kFilePage = uint64_t{1} << 61;
-  std::optional<bool> equal = true;
-  std::vector<uint64_t> entries(4096);
-  for (uintptr_t at = first; at < last && equal == true;) {
-    const size_t pages = std::min<size_t>(entries.size(), (last - at) / page);
-    const ssize_t got = ::pread(pagemap, entries.data(), pages * sizeof(uint64_t),
-                                static_cast<off_t>(at / page * sizeof(uint64_t)));
-    if (got != static_cast<ssize_t>(pages * sizeof(uint64_t))) {
-      equal = std::nullopt;
-      break;
-    }
-    for (size_t i = 0; i < pages; ++i) {
-      const uint64_t entry = entries[i];
-      const bool written = (entry & (kPresent | kSwapped)) != 0 && (entry & kFilePage) == 0;
-      const uintptr_t address = at + i * page;
-      if (written && std::memcmp(reinterpret_cast<const void*>(address),
-                                 reinterpret_cast<const void*>(to + (address - from)), page) != 0) {
-        equal = false;
-        break;
-      }
-    }
-    at += pages * page;
-  }
-  ::close(pagemap);
-  if (equal != true) return equal;
+  bool equal = true;
+  const bool read = for_each_written_page(first, last, [&](uintptr_t address) {
+    equal = std::memcmp(reinterpret_cast<const void*>(address),
+                        reinterpret_cast<const void*>(to + (address - from)), page) == 0;
+    return equal;
+  });
+  if (!equal) return false;
+  if (!read) return std::nullopt;
   // The partial pages at either end are the source's own memory.
   return std::memcmp(source, copy, first - from) == 0 &&
          std::memcmp(reinterpret_cast<const void*>(last),

@@ -13,9 +13,20 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <optional>
 
 namespace leanloader::detail {
+
+// Calls `visit(page_address)` for each page overlapping [start, end) that
+// this process wrote since it was mapped from a file: anonymous in
+// /proc/self/pagemap (present or swapped, not a file page: bits 63, 62 and
+// 61), in address order, until `visit` returns false. Returns false, having
+// visited nothing, when /proc/self/pagemap cannot be read, and when a read
+// of it falls short (after the pages visited until then).
+bool for_each_written_page(uintptr_t start, uintptr_t end,
+                           const std::function<bool(uintptr_t)>& visit);
 
 // Whether the `bytes` bytes at `source` equal those at `copy`, when the
 // mappings show the relation above (the two at the same offset in their
