@@ -163,13 +163,14 @@ void bind_process(nb::module_& m) {
       "returned), its pages are then mapped from the copy, copy-on-write: one copy in all.");
   m.def(
       "copy_is_current",
-      [](uintptr_t source, uintptr_t copy, size_t bytes) {
+      [](uintptr_t source, uintptr_t copy, size_t bytes, bool pages_shared) {
         nb::gil_scoped_release release;
         return copy_is_current(reinterpret_cast<const void*>(source),
-                               reinterpret_cast<const void*>(copy), bytes);
+                               reinterpret_cast<const void*>(copy), bytes, pages_shared);
       },
-      nb::arg("source"), nb::arg("copy"), nb::arg("bytes"),
-      "Whether `bytes` bytes at `source` equal those at `copy` (a shared copy made earlier).");
+      nb::arg("source"), nb::arg("copy"), nb::arg("bytes"), nb::arg("pages_shared") = true,
+      "Whether `bytes` bytes at `source` equal those at `copy` (a shared copy made earlier; "
+      "pages_shared: whether shared_copy mapped the source's pages from it).");
   m.def(
       "file_backing",
       [](uintptr_t address, size_t bytes) -> nb::object {

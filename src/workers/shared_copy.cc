@@ -195,11 +195,11 @@ bool segment_can_hold_the_pages(const SharedSegment& segment) {
 
 }  // namespace
 
-bool copy_is_current(const void* source, const void* copy, size_t bytes) {
+bool copy_is_current(const void* source, const void* copy, size_t bytes, bool pages_shared) {
   if (source == copy || bytes == 0) return true;
   // A page-shared copy: only the pages written since are compared
   // (written_pages.h); below a few MiB, reading /proc costs more than that.
-  if (bytes >= kComparedByPagesBytes) {
+  if (pages_shared && bytes >= kComparedByPagesBytes) {
     if (const auto equal = detail::equal_where_written(source, copy, bytes)) return *equal;
   }
   return std::memcmp(source, copy, bytes) == 0;

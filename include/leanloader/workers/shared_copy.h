@@ -80,8 +80,10 @@ SharedCopy make_shared_copy(void* source, size_t bytes, const std::string& dir,
 // spawn, see what the main process holds when they start). Bytes, not
 // values: -0.0 is not 0.0, a NaN equals its own bit pattern. Where the
 // source's pages are still mapped from this copy, only the pages written
-// since are compared (src/workers/written_pages.h).
-bool copy_is_current(const void* source, const void* copy, size_t bytes);
+// since are compared (src/workers/written_pages.h); `pages_shared` false
+// (the copy was made without sharing pages: SharedCopy::shared_bytes 0)
+// skips finding that out (a read of /proc/self/maps) and compares all.
+bool copy_is_current(const void* source, const void* copy, size_t bytes, bool pages_shared = true);
 
 // Why the pages of `bytes` bytes at `source` cannot be shared (one of the
 // rules above), or "" when they can. Reads /proc/self/maps.

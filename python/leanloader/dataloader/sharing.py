@@ -53,11 +53,16 @@ class _Copy:
     copy serves while it lives), the copy, its segment, and what to compare
     to tell whether the source changed since (see DatasetSharing._current)."""
 
-    __slots__ = ("address", "nbytes", "owner", "segment", "shared")
+    __slots__ = ("address", "nbytes", "owner", "pages_shared", "segment", "shared")
 
-    def __init__(self, owner: Any, shared: Any, segment: Any, address: int, nbytes: int) -> None:
+    def __init__(
+        self, owner: Any, shared: Any, segment: Any, address: int, nbytes: int, pages_shared: bool
+    ) -> None:
         self.owner, self.shared, self.segment = owner, shared, segment
         self.address, self.nbytes = address, nbytes
+        # Whether the source's pages were mapped from the copy: only then can
+        # copy_is_current tell from the written pages (else it compares all).
+        self.pages_shared = pages_shared
 
 
 class DatasetSharing:
@@ -247,21 +252,21 @@ class DatasetSharing:
         if kept is None:
             return None
         if kept.owner() is not None and _core.copy_is_current(
-            source_address, kept.address, kept.nbytes
+            source_address, kept.address, kept.nbytes, kept.pages_shared
         ):
             return kept
         del self.copies[key]
         return None
 
-    def _copy_sharing_pages(self, address: int, nbytes: int) -> tuple[Any, int]:
+    def _copy_sharing_pages(self, address: int, nbytes: int) -> tuple[Any, int, bool]:
         """A shared copy of the block at `address` (the pointer its allocator
         returned) whose pages the block then shares where that is safe:
-        (segment, offset of the copy in it)."""
+        (segment, offset of the copy in it, whether pages are shared)."""
         # Other threads may write the block meanwhile: their writes wait
         # while a chunk's pages change hands (src/workers/held_writes.h).
         segment, offset, shared = _core.shared_copy(address, nbytes, self._arena_now(), SHARE_PAGES)
         self.shared_page_bytes += shared
-        return segment, offset
+        return segment, offset, shared > 0
 
     def _shared_copy(self, array: Any, np: Any) -> Any:
         """The shared copy of `array`: made once, and again after the main
@@ -273,7 +278,7 @@ class DatasetSharing:
             kept = self._current(key, address)
             if kept is not None:
                 return kept.shared
-            segment, offset = self._copy_sharing_pages(address, int(array.nbytes))
+            segment, offset, pages_shared = self._copy_sharing_pages(address, int(array.nbytes))
             name = NUMPY_TO_NAME[array.dtype.str]
             shared = segment.array(offset, name, list(array.shape), "numpy").view(array.dtype)
             reference = weakref.ref(owner)
@@ -284,12 +289,18 @@ class DatasetSharing:
                 return kept.shared
             self.copies.pop(key, None)
             shared, segment = self._to_segment(array, np)
+            pages_shared = False
             try:
                 reference = weakref.ref(array)
             except TypeError:
                 return shared  # an array type without weak references: copied each time
         self.copies[key] = _Copy(
-            reference, shared, segment, shared.__array_interface__["data"][0], int(array.nbytes)
+            reference,
+            shared,
+            segment,
+            shared.__array_interface__["data"][0],
+            int(array.nbytes),
+            pages_shared,
         )
         return shared
 
@@ -365,18 +376,24 @@ class DatasetSharing:
             # header): torch's CPU allocator's storages, and non-resizable
             # ones over such a block (torch.from_numpy of a NumPy array that
             # owns it, as YOLO's RAM image cache); else a plain copy.
-            segment, offset = self._copy_sharing_pages(old.data_ptr(), old.nbytes())
+            segment, offset, pages_shared = self._copy_sharing_pages(old.data_ptr(), old.nbytes())
             raw = segment.array(offset, "U8", [old.nbytes()], "torch")
         else:
             # pinned (page-locked memory is not remapped): a plain copy
             segment = self._new_segment(old.nbytes())
             raw = segment.array(0, "U8", [old.nbytes()], "torch")
             raw.copy_(torch.empty(0, dtype=torch.uint8).set_(old))
+            pages_shared = False
         shared_storage = raw.untyped_storage()
         # the copy serves while the pickled tensor (and so the storage) lives:
         # its address cannot be another storage's meanwhile
         self.copies[key] = _Copy(
-            weakref.ref(tensor), shared_storage, segment, shared_storage.data_ptr(), old.nbytes()
+            weakref.ref(tensor),
+            shared_storage,
+            segment,
+            shared_storage.data_ptr(),
+            old.nbytes(),
+            pages_shared,
         )
         return shared_storage
 

@@ -333,8 +333,13 @@ TEST(SharedCopyTest, ACopyStaysCurrentUntilAByteDiffersWhereverItIsWritten) {
   const std::byte* other = plain.segment->data() + plain.offset;
   EXPECT_EQ(detail::equal_where_written(source, other, bytes), std::nullopt);
   EXPECT_TRUE(copy_is_current(source, other, bytes));
+  // Told that no pages were shared, the same verdicts from every byte.
+  EXPECT_TRUE(copy_is_current(source, other, bytes, /*pages_shared=*/false));
+  EXPECT_TRUE(copy_is_current(source, copy, bytes, /*pages_shared=*/false));
   write_byte(source + bytes / 3, source[bytes / 3] ^ std::byte{1});
   EXPECT_FALSE(copy_is_current(source, other, bytes));
+  EXPECT_FALSE(copy_is_current(source, other, bytes, /*pages_shared=*/false));
+  EXPECT_FALSE(copy_is_current(source, copy, bytes, /*pages_shared=*/false));
   std::free(source);
 }
 
