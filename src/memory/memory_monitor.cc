@@ -527,7 +527,14 @@ struct FileKeyHash {
 struct HeldFile {
   size_t owner = 0;  // index into FdSharedMemory::owners
   uint64_t held_bytes = 0;
-  uint64_t mapped_bytes = 0;
+  uint64_t mapped_bytes = 0;  // the Pss of its mappings, summed over the tree
+  // The most of it one process maps (Rss). The processes' smaps are read
+  // one after another: a page two processes map is half in the first one's
+  // Pss, and when the second unmaps it before its own read (a worker
+  // exiting), the sum of Pss shows half the page mapped while the first
+  // process's Pss_Shmem, read alone, counts all of it. What one process
+  // maps is mapped whatever the others did meanwhile.
+  uint64_t most_mapped_by_one = 0;
 };
 
 // Whether the file an fd link points to is shared memory that lives as long
@@ -618,6 +625,7 @@ FdSharedMemory MemoryMonitor::fd_shared_memory(const std::vector<int>& pids) con
     }
     if (!maps_one || !read_file(proc_path(pid, "smaps"), text)) continue;
     HeldFile* current = nullptr;
+    std::unordered_map<HeldFile*, uint64_t> mapped_here;  // Rss by file, this process
     rest = std::string_view(text);
     while (!rest.empty()) {
       const size_t newline = rest.find('\n');
@@ -635,13 +643,20 @@ FdSharedMemory MemoryMonitor::fd_shared_memory(const std::vector<int>& pids) con
       if (current != nullptr && line.substr(0, colon) == "Pss") {
         for_each_field(line,
                        [&](std::string_view, uint64_t value) { current->mapped_bytes += value; });
+      } else if (current != nullptr && line.substr(0, colon) == "Rss") {
+        for_each_field(line,
+                       [&](std::string_view, uint64_t value) { mapped_here[current] += value; });
       }
+    }
+    for (const auto& [file, bytes] : mapped_here) {
+      file->most_mapped_by_one = std::max(file->most_mapped_by_one, bytes);
     }
   }
 
   for (const FileKey& key : order) {
     const HeldFile& file = files.at(key);
-    const uint64_t mapped = std::min(file.mapped_bytes, file.held_bytes);
+    const uint64_t mapped =
+        std::min(std::max(file.mapped_bytes, file.most_mapped_by_one), file.held_bytes);
     SharedFileOwner& owner = result.owners[file.owner];
     owner.num_files += 1;
     owner.held_bytes += file.held_bytes;
