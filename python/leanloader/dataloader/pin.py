@@ -28,9 +28,11 @@ _POLL_S = 0.1
 
 
 # LEANLOADER_PIN_IN_PLACE=1 opts in to page-locking batch segments in place.
-# Off by default until `make test-gpu` has passed on a real GPU (the side-
-# stream drop pattern included): the pin thread copies every batch into
-# torch's pinned memory, as torch does. Read when a loader first pins.
+# Off by default: on an H200 a batch copied under a side stream the fence had
+# never seen and dropped outside its `with` block was overwritten before the
+# copy ran (tests/gpu, docs/gpu.md). By default the pin thread copies every
+# batch into torch's pinned memory, which torch fences on the copy's stream,
+# as torch does. Read when a loader first pins.
 def pin_in_place_enabled() -> bool:
     return os.environ.get("LEANLOADER_PIN_IN_PLACE", "0") == "1"
 
