@@ -495,16 +495,43 @@ std::vector<ProcessMemory> MemoryMonitor::read_processes(int pid, bool tree) con
 }
 
 MemoryTotals MemoryMonitor::tree_totals(int pid) const {
+  // A sample reads every process's smaps_rollup, then the descriptors and the
+  // smaps of the processes that map a held file. A held file unmapped between
+  // the two readings is counted twice: in the first reading's Pss_Shmem and as
+  // held-but-unmapped in the second (a program's end: its 1 GiB shared copy
+  // unmapped before the descriptor closes read as 2 GiB for one sample). So
+  // where the second reading finds held memory unmapped, the rollups are read
+  // once more: shared memory that left the tree's mappings meanwhile (the
+  // tree's Pss_Shmem fell) takes the sample again; on the last attempt the
+  // fall is taken off the held-but-unmapped figure instead, since at most that
+  // much can have been counted twice. (A mapping made between the readings is
+  // counted by neither: a sample low for an instant, never high.)
+  constexpr int kAttempts = 3;
   MemoryTotals totals;
-  std::vector<int> members;
-  for (int member : process_tree(pid)) {
-    if (const auto memory = read_process(member)) {
-      totals.add(*memory);
-      members.push_back(member);
+  for (int attempt = 1;; ++attempt) {
+    totals = MemoryTotals{};
+    std::vector<int> members;
+    for (int member : process_tree(pid)) {
+      if (const auto memory = read_process(member)) {
+        totals.add(*memory);
+        members.push_back(member);
+      }
+    }
+    const uint64_t unmapped = fd_shared_memory(members).unmapped_bytes;
+    totals.fd_shmem_bytes = unmapped;
+    if (unmapped == 0) return totals;
+    uint64_t shmem_after = 0;
+    for (int member : members) {
+      if (const auto memory = read_process(member)) shmem_after += memory->pss_shmem_bytes;
+    }
+    const uint64_t fell =
+        totals.pss_shmem_bytes > shmem_after ? totals.pss_shmem_bytes - shmem_after : 0;
+    if (fell == 0) return totals;
+    if (attempt == kAttempts) {
+      totals.fd_shmem_bytes = unmapped - std::min(unmapped, fell);
+      return totals;
     }
   }
-  totals.fd_shmem_bytes = fd_shared_memory(members).unmapped_bytes;
-  return totals;
 }
 
 namespace {

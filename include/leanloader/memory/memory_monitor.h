@@ -173,7 +173,10 @@ class MemoryMonitor {
   // (num_processes says how many were counted; 0 if pid is gone), with
   // fd_shmem_bytes from fd_shared_memory(). Reads small files (stat,
   // smaps_rollup, the fd directories; maps and smaps only of processes that
-  // map a descriptor-held file): cheap enough to sample every 50 ms.
+  // map a descriptor-held file): cheap enough to sample every 50 ms. Where
+  // held shared memory is unmapped, the rollups are read again, and a sample
+  // whose shared memory left the mappings meanwhile is taken again (up to
+  // three times), so a file is not counted both mapped and held-unmapped.
   MemoryTotals tree_totals(int pid) const;
 
   // Shared memory held by the descriptors of `pids` (see FdSharedMemory).

@@ -4,18 +4,26 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/inotify.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "leanloader/core/error.h"
@@ -680,6 +688,107 @@ TEST(MemoryMonitorTest, AFileOneProcessMapsWholeIsNotHeldUnmappedWhateverThePssS
   EXPECT_EQ(held.held_bytes, uint64_t{1} << 20);
   EXPECT_EQ(held.mapped_bytes, uint64_t{1} << 20);
   EXPECT_EQ(held.unmapped_bytes, 0u);
+  ::close(fd);
+}
+
+// Serves a list of contents, one to each open of a FIFO in the fake tree: a
+// file whose content changes between two readings of one sample.
+class ChangingFile {
+ public:
+  ChangingFile(std::string path, std::vector<std::string> contents)
+      : path_(std::move(path)), contents_(std::move(contents)) {
+    if (::mkfifo(path_.c_str(), 0600) != 0) throw std::runtime_error("mkfifo " + path_);
+    writer_ = std::thread([this] {
+      // A reader gone before the write is EPIPE here, not SIGPIPE.
+      sigset_t pipe_signal;
+      sigemptyset(&pipe_signal);
+      sigaddset(&pipe_signal, SIGPIPE);
+      pthread_sigmask(SIG_BLOCK, &pipe_signal, nullptr);
+      // Each reader closes before the next content is offered: an open for
+      // writing while the last reader still reads would write to it.
+      const int closes = ::inotify_init1(IN_CLOEXEC);
+      if (closes >= 0) ::inotify_add_watch(closes, path_.c_str(), IN_CLOSE_NOWRITE);
+      for (const std::string& content : contents_) {
+        const int fd = ::open(path_.c_str(), O_WRONLY | O_CLOEXEC);  // waits for a reader
+        if (fd < 0) break;
+        if (stopping_) {
+          ::close(fd);
+          break;
+        }
+        [[maybe_unused]] const ssize_t written = ::write(fd, content.data(), content.size());
+        ::close(fd);
+        ++served_;
+        for (bool closed = false; !closed && !stopping_ && closes >= 0;) {
+          pollfd event{closes, POLLIN, 0};
+          if (::poll(&event, 1, 10) == 1) {
+            char buffer[4096];
+            closed = ::read(closes, buffer, sizeof(buffer)) > 0;
+          }
+        }
+      }
+      if (closes >= 0) ::close(closes);
+      finished_ = true;
+    });
+  }
+  ~ChangingFile() {
+    stopping_ = true;
+    // A reader that opens lets a writer waiting in open() go on; it sees
+    // stopping_ and writes nothing.
+    while (!finished_) {
+      const int fd = ::open(path_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (fd >= 0) ::close(fd);
+    }
+    writer_.join();
+    ::unlink(path_.c_str());
+  }
+  ChangingFile(const ChangingFile&) = delete;
+  ChangingFile& operator=(const ChangingFile&) = delete;
+  size_t served() const { return served_; }
+
+ private:
+  std::string path_;
+  std::vector<std::string> contents_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<bool> finished_{false};
+  std::atomic<size_t> served_{0};
+  std::thread writer_;
+};
+
+TEST(MemoryMonitorTest, AHeldFileUnmappedBetweenTheReadingsOfASampleIsCountedOnce) {
+  // A program's end: process 30 maps the whole of a 1 MiB memfd when its
+  // smaps_rollup is read, and has unmapped it (still holding the descriptor)
+  // by the time the descriptor pass reads its maps and smaps.
+  const int fd = ::memfd_create("unmapped-meanwhile", MFD_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::posix_fallocate(fd, 0, 1 << 20), 0);
+  FakeRoot root;
+  root.add_process(30, 1, "python", "");
+  const fs::path fd_dir = fs::path(root.path()) / "proc/30/fd";
+  fs::create_directories(fd_dir);
+  fs::create_symlink("/proc/self/fd/" + std::to_string(fd), fd_dir / "3");
+  root.write("proc/30/maps", "");
+  root.write("proc/30/smaps", "");
+  const std::string mapped = rollup(1100, 1100, 76, 0, 1024, 0, 1100, 0);
+  const std::string unmapped = rollup(76, 76, 76, 0, 0, 0, 76, 0);
+  {
+    ChangingFile changing(root.path() + "/proc/30/smaps_rollup",
+                          {mapped, unmapped, unmapped, unmapped, unmapped, unmapped, unmapped});
+    const MemoryTotals totals = root.monitor().tree_totals(30);
+    EXPECT_EQ(totals.num_processes, 1);
+    EXPECT_EQ(totals.pss_shmem_bytes + totals.fd_shmem_bytes, uint64_t{1} << 20);
+    EXPECT_EQ(totals.pss_shmem_bytes, 0u);  // the sample was taken again
+    EXPECT_EQ(changing.served(), 4u);       // two readings, the second sample agreeing
+  }
+  {
+    // Changing at every reading: the last attempt takes the fall off.
+    ChangingFile changing(root.path() + "/proc/30/smaps_rollup",
+                          {mapped, unmapped, mapped, unmapped, mapped, unmapped, mapped});
+    const MemoryTotals totals = root.monitor().tree_totals(30);
+    EXPECT_EQ(totals.pss_shmem_bytes, uint64_t{1} << 20);
+    EXPECT_EQ(totals.fd_shmem_bytes, 0u);
+    EXPECT_EQ(changing.served(), 6u);
+  }
   ::close(fd);
 }
 
