@@ -17,7 +17,9 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "core/page_size.h"
 #include "io/file_io.h"
+#include "io/pagemap.h"
 #include "io/proc_maps.h"
 #include "leanloader/core/error.h"
 #include "memory/memory_nvml.h"
@@ -554,14 +556,21 @@ struct FileKeyHash {
 struct HeldFile {
   size_t owner = 0;  // index into FdSharedMemory::owners
   uint64_t held_bytes = 0;
-  uint64_t mapped_bytes = 0;  // the Pss of its mappings, summed over the tree
-  // The most of it one process maps (Rss). The processes' smaps are read
-  // one after another: a page two processes map is half in the first one's
-  // Pss, and when the second unmaps it before its own read (a worker
-  // exiting), the sum of Pss shows half the page mapped while the first
-  // process's Pss_Shmem, read alone, counts all of it. What one process
-  // maps is mapped whatever the others did meanwhile.
-  uint64_t most_mapped_by_one = 0;
+  // The file's pages mapped by some process of the tree, one bit a page:
+  // counted once however many processes map a page, and read from each
+  // process's page table, so a process that unmaps a page after another
+  // process's reading cannot make it look half mapped (summed Pss did).
+  std::vector<uint64_t> mapped_pages;
+  uint64_t mapped_count = 0;
+  void mark_mapped(uint64_t page_index) {
+    const uint64_t word = page_index / 64;
+    if (word >= mapped_pages.size()) return;  // beyond the file's size: not its page
+    const uint64_t bit = uint64_t{1} << (page_index % 64);
+    if ((mapped_pages[word] & bit) == 0) {
+      mapped_pages[word] |= bit;
+      ++mapped_count;
+    }
+  }
 };
 
 // Whether the file an fd link points to is shared memory that lives as long
@@ -576,18 +585,11 @@ bool is_held_shared_memory(const std::string& link, const std::string& target,
   return static_cast<uint64_t>(fs.f_type) == TMPFS_MAGIC;
 }
 
-// The device and inode of a maps / smaps header line, or nullopt for other
-// lines and anonymous mappings.
-std::optional<FileKey> mapping_key(std::string_view line) {
-  const auto mapping = detail::parse_maps_line(line);
-  if (!mapping || mapping->inode == 0) return std::nullopt;
-  return FileKey{mapping->major, mapping->minor, mapping->inode};
-}
-
 }  // namespace
 
 FdSharedMemory MemoryMonitor::fd_shared_memory(const std::vector<int>& pids) const {
   FdSharedMemory result;
+  const uint64_t page = detail::page_size();
   std::unordered_map<FileKey, HeldFile, FileKeyHash> files;
   std::vector<FileKey> order;
   std::string text;
@@ -632,58 +634,57 @@ FdSharedMemory MemoryMonitor::fd_shared_memory(const std::vector<int>& pids) con
       HeldFile held;
       held.owner = *owner;
       held.held_bytes = static_cast<uint64_t>(info.st_blocks) * 512u;
-      files.emplace(key, held);
+      const uint64_t file_pages =
+          (static_cast<uint64_t>(std::max<off_t>(info.st_size, 0)) + page - 1) / page;
+      held.mapped_pages.assign((file_pages + 63) / 64, 0);
+      files.emplace(key, std::move(held));
       order.push_back(key);
     }
   }
   if (files.empty()) return result;
 
-  // Pss of the mappings of these files, from smaps of the processes whose
-  // maps (cheap: no page walk) name one of them.
+  // The pages of these files each process maps: its maps (no page walk) name
+  // the mappings; its pagemap, read over those mappings only, says which of
+  // their pages are in its page table (a file page, not a private copy).
+  struct FileMapping {
+    HeldFile* file;
+    uintptr_t start;
+    uintptr_t end;
+    uint64_t offset;
+  };
+  std::vector<FileMapping> mappings;
   for (int pid : pids) {
     if (!read_file(proc_path(pid, "maps"), text)) continue;
-    bool maps_one = false;
+    mappings.clear();
     std::string_view rest(text);
-    while (!rest.empty() && !maps_one) {
-      const size_t newline = rest.find('\n');
-      const auto key = mapping_key(rest.substr(0, newline));
-      maps_one = key && files.count(*key) != 0;
-      rest = newline == std::string_view::npos ? std::string_view() : rest.substr(newline + 1);
-    }
-    if (!maps_one || !read_file(proc_path(pid, "smaps"), text)) continue;
-    HeldFile* current = nullptr;
-    std::unordered_map<HeldFile*, uint64_t> mapped_here;  // Rss by file, this process
-    rest = std::string_view(text);
     while (!rest.empty()) {
       const size_t newline = rest.find('\n');
-      const std::string_view line = rest.substr(0, newline);
+      const auto line = detail::parse_maps_line(rest.substr(0, newline));
       rest = newline == std::string_view::npos ? std::string_view() : rest.substr(newline + 1);
-      const size_t colon = line.find(':');
-      const bool is_field = colon != std::string_view::npos && colon > 0 &&
-                            line.find(' ') > colon;  // "Pss:   12 kB", not a header
-      if (!is_field) {
-        const auto key = mapping_key(line);
-        const auto found = key ? files.find(*key) : files.end();
-        current = found == files.end() ? nullptr : &found->second;
-        continue;
-      }
-      if (current != nullptr && line.substr(0, colon) == "Pss") {
-        for_each_field(line,
-                       [&](std::string_view, uint64_t value) { current->mapped_bytes += value; });
-      } else if (current != nullptr && line.substr(0, colon) == "Rss") {
-        for_each_field(line,
-                       [&](std::string_view, uint64_t value) { mapped_here[current] += value; });
+      if (!line || line->inode == 0) continue;
+      const auto found = files.find(FileKey{line->major, line->minor, line->inode});
+      if (found != files.end()) {
+        mappings.push_back({&found->second, line->start, line->end, line->offset});
       }
     }
-    for (const auto& [file, bytes] : mapped_here) {
-      file->most_mapped_by_one = std::max(file->most_mapped_by_one, bytes);
+    if (mappings.empty()) continue;
+    const int pagemap = ::open(proc_path(pid, "pagemap").c_str(), O_RDONLY | O_CLOEXEC);
+    if (pagemap < 0) continue;  // exited, or another user's process
+    for (const FileMapping& mapping : mappings) {
+      detail::for_each_pagemap_entry(
+          pagemap, mapping.start, mapping.end, page, [&](uintptr_t at, uint64_t entry) {
+            if ((entry & detail::kPagePresent) != 0 && (entry & detail::kPageFileOrShared) != 0) {
+              mapping.file->mark_mapped((mapping.offset + (at - mapping.start)) / page);
+            }
+            return true;
+          });
     }
+    ::close(pagemap);
   }
 
   for (const FileKey& key : order) {
     const HeldFile& file = files.at(key);
-    const uint64_t mapped =
-        std::min(std::max(file.mapped_bytes, file.most_mapped_by_one), file.held_bytes);
+    const uint64_t mapped = std::min(file.mapped_count * page, file.held_bytes);
     SharedFileOwner& owner = result.owners[file.owner];
     owner.num_files += 1;
     owner.held_bytes += file.held_bytes;

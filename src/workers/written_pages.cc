@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/page_size.h"
+#include "io/pagemap.h"
 #include "io/proc_maps.h"
 
 namespace leanloader::detail {
@@ -55,29 +56,12 @@ bool for_each_written_page(uintptr_t start, uintptr_t end,
                            const std::function<bool(uintptr_t)>& visit) {
   const int pagemap = ::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
   if (pagemap < 0) return false;
-  const size_t page = page_size();
-  constexpr uint64_t kPresent = uint64_t{1} << 63;
-  constexpr uint64_t kSwapped = uint64_t{1} << 62;
-  constexpr uint64_t kFilePage = uint64_t{1} << 61;
-  std::vector<uint64_t> entries(4096);
-  bool read_all = true;
-  bool go_on = true;
-  for (uintptr_t at = start / page * page; at < end && go_on;) {
-    const size_t pages = std::min<size_t>(entries.size(), (end - at + page - 1) / page);
-    const ssize_t got = ::pread(pagemap, entries.data(), pages * sizeof(uint64_t),
-                                static_cast<off_t>(at / page * sizeof(uint64_t)));
-    if (got != static_cast<ssize_t>(pages * sizeof(uint64_t))) {
-      read_all = false;
-      break;
-    }
-    for (size_t i = 0; i < pages && go_on; ++i) {
-      const uint64_t entry = entries[i];
-      if ((entry & (kPresent | kSwapped)) != 0 && (entry & kFilePage) == 0) {
-        go_on = visit(at + i * page);
-      }
-    }
-    at += pages * page;
-  }
+  const bool read_all =
+      for_each_pagemap_entry(pagemap, start, end, page_size(), [&](uintptr_t at, uint64_t entry) {
+        const bool written =
+            (entry & (kPagePresent | kPageSwapped)) != 0 && (entry & kPageFileOrShared) == 0;
+        return !written || visit(at);
+      });
   ::close(pagemap);
   return read_all;
 }

