@@ -98,8 +98,8 @@ void bind_memory(nb::module_& m) {
       "held by the tree's descriptors and not mapped: unlinked /dev/shm files,\n"
       "memfds), unreclaimable (= pss_anon + pss_shmem + fd_shmem) and num_processes.\n"
       "Processes that exit while being read are skipped; num_processes is 0 when\n"
-      "pid is gone. Reads /proc/*/stat, smaps_rollup and the fd directories (maps\n"
-      "and smaps of processes mapping a held file), with the GIL released.");
+      "pid is gone. Reads /proc/*/stat, smaps_rollup and the fd directories (maps,\n"
+      "and pagemap over the mappings of held files), with the GIL released.");
 
   m.def(
       "memory_snapshot",

@@ -20,15 +20,17 @@ constexpr uint64_t kPageSwapped = uint64_t{1} << 62;
 constexpr uint64_t kPageFileOrShared = uint64_t{1} << 61;
 
 // Calls `visit(page_address, entry)` for each page overlapping [start, end),
-// reading `pagemap` (an open /proc/PID/pagemap) a chunk at a time, until
-// `visit` returns false. Returns false when a read falls short (after the
-// pages visited until then), true otherwise.
+// reading `pagemap` (an open /proc/PID/pagemap) a chunk at a time into
+// `entries` (the caller's, reused across calls), until `visit` returns
+// false. Returns false when a read falls short (after the pages visited
+// until then), true otherwise.
 template <typename Visit>
 bool for_each_pagemap_entry(int pagemap, uintptr_t start, uintptr_t end, size_t page,
-                            Visit&& visit) {
-  std::vector<uint64_t> entries(4096);
+                            std::vector<uint64_t>& entries, Visit&& visit) {
+  constexpr size_t kChunkPages = 4096;
   for (uintptr_t at = start / page * page; at < end;) {
-    const size_t pages = std::min<size_t>(entries.size(), (end - at + page - 1) / page);
+    const size_t pages = std::min<size_t>(kChunkPages, (end - at + page - 1) / page);
+    if (entries.size() < pages) entries.resize(pages);
     const ssize_t got = ::pread(pagemap, entries.data(), pages * sizeof(uint64_t),
                                 static_cast<off_t>(at / page * sizeof(uint64_t)));
     if (got != static_cast<ssize_t>(pages * sizeof(uint64_t))) return false;

