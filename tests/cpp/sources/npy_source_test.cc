@@ -179,17 +179,27 @@ TEST(NpySourceTest, CountsRowsThatCameFromStorage) {
   const int64_t rows = 16, row_values = 65536;  // 256 KiB rows: the pread path
   std::vector<float> x(static_cast<size_t>(rows * row_values), 1.0f);
   write_npy(dir.file("x.npy"), DType::kF32, {rows, row_values}, x);
-  if (testing::evict_from_page_cache(dir.file("x.npy")) > 4) {
-    GTEST_SKIP() << "the file system keeps the file in memory (tmpfs?)";
-  }
   const auto source = NpySource::from_arrays({{"x", dir.file("x.npy")}});
-  const uint64_t before = source->storage_reads();  // the header read at open may count
   CollectingWriter writer(*source);
-  source->read_sample(7, writer);
-  EXPECT_EQ(source->storage_reads(), before + 1);
+  // A read that does not wait for storage (RWF_NOWAIT) starts the device's
+  // read-ahead and may find it done already on a fast virtual disk (1 run in
+  // 40 here): the row is then counted as cached. So the evicted row is read
+  // up to five times, once each time it is evicted again; one must count.
+  bool counted = false;
+  for (int attempt = 0; attempt < 5 && !counted; ++attempt) {
+    if (testing::evict_from_page_cache(dir.file("x.npy")) > 4) {
+      GTEST_SKIP() << "the file system keeps the file in memory (tmpfs?)";
+    }
+    const uint64_t before = source->storage_reads();
+    source->read_sample(7, writer);
+    EXPECT_LE(source->storage_reads(), before + 1);
+    counted = source->storage_reads() == before + 1;
+  }
+  EXPECT_TRUE(counted);
   EXPECT_EQ(reinterpret_cast<const float*>(writer.buffers[0].data())[5], 1.0f);
+  const uint64_t cached = source->storage_reads();
   source->read_sample(7, writer);  // now in the page cache
-  EXPECT_EQ(source->storage_reads(), before + 1);
+  EXPECT_EQ(source->storage_reads(), cached);
 }
 
 // Into a batch that wants streaming stores, large rows in memory are copied
