@@ -501,3 +501,12 @@ def test_rate_over_time_is_the_slope_over_the_window() -> None:
     # A stall: nothing for 1 s, then a batch.
     stalled = [*points, (3.0, 2100)]
     assert rate_over_time(stalled, window_s=0.5)[-1][1] == pytest.approx(100 / 1.0)
+
+
+def test_demo_ratios_below_a_tenth_keep_two_significant_digits() -> None:
+    from leanloader.commands.demo import _times
+
+    assert _times(0.0037) == "0.0037×"  # not "0.00×": 270 times sooner
+    assert _times(0.09) == "0.09×"
+    assert _times(0.79) == "0.79×"
+    assert _times(6.6) == "6.60×"

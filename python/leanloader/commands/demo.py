@@ -129,12 +129,18 @@ def format_demo_table(report: dict[str, Any], scenario: Any) -> str:
         lines.append("")
         summary = (
             f"{numerator} vs {denominator}: {ratios['samples_per_s']:.1f}× the samples per second, "
-            f"first batch in {ratios['first_batch_s']:.2f}× the time, "
-            f"{ratios['peak_unreclaimable_bytes']:.2f}× the private memory "
-            f"({ratios['loader_unreclaimable_bytes']:.2f}× counting only what the loader added)."
+            f"first batch in {_times(ratios['first_batch_s'])} the time, "
+            f"{_times(ratios['peak_unreclaimable_bytes'])} the private memory "
+            f"({_times(ratios['loader_unreclaimable_bytes'])} counting only what the loader added)."
         )
         lines.extend(textwrap.wrap(summary, width=88))
     return "\n".join(lines)
+
+
+def _times(ratio: float) -> str:
+    """A ratio with two decimals, or two significant digits below 0.1 (a first
+    batch 250 times sooner is 0.004×, not 0.00×)."""
+    return f"{ratio:.2f}×" if ratio >= 0.1 else f"{ratio:.2g}×"
 
 
 def _label(scenario: Any, run_key: str) -> str:
