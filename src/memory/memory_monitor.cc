@@ -460,9 +460,11 @@ void HeldFiles::find(const std::vector<int>& pids) {
     // descriptors: counting what they hold as unmapped would add, for that
     // instant, pages another process (or its own last reading) already
     // counts. Its memory is going away; it holds none.
+    std::string name;  // comm, for the owner's line
     if (read_file(proc_file(root_, pid, "stat"), text)) {
       const auto stat = parse_stat(text);
       if (stat && (stat->flags & kProcessExiting) != 0) continue;
+      if (stat) name = stat->name;
     }
     const std::string fd_dir = proc_file(root_, pid, "fd");
     std::vector<detail::DirectoryEntry> descriptors;
@@ -487,9 +489,7 @@ void HeldFiles::find(const std::vector<int>& pids) {
       if (!owner) {
         SharedFileOwner added;
         added.pid = pid;
-        if (read_file(proc_file(root_, pid, "stat"), text)) {
-          if (const auto stat = parse_stat(text)) added.name = stat->name;
-        }
+        added.name = name;
         owners_.push_back(std::move(added));
         owner = owners_.size() - 1;
       }

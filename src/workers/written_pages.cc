@@ -1,8 +1,5 @@
 #include "workers/written_pages.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
