@@ -121,7 +121,8 @@ class EpochRun final : public Job {
   // doing, for an error that escapes.
   void process_chunk(int64_t batch, int64_t first, int64_t end, const char*& stage);
   // When the source reports reads from storage, announces the rows after
-  // `end` (see kReadAheadBytes).
+  // `end` (see kReadAheadBytes) and, once the first batch has been read, the
+  // storage around them.
   void read_ahead(int64_t end);
   // The sample index this rank visits at its local `position`.
   int64_t index_at(int64_t position) const;
@@ -140,6 +141,10 @@ class EpochRun final : public Job {
   std::atomic<uint64_t> storage_reads_seen_{0};
   std::atomic<int64_t> cold_until_{0};    // announce rows while positions are below this
   std::atomic<int64_t> hinted_until_{0};  // positions below this were announced
+  // Positions below this had the storage around them announced; none is
+  // until the first batch has been read (see read_ahead).
+  std::atomic<int64_t> windows_hinted_until_{0};
+  std::atomic<bool> first_batch_read_{false};
   std::atomic<bool> cancelled_{false};
   std::atomic<int64_t> failed_batch_;
   std::atomic<uint64_t> skipped_count_{0};

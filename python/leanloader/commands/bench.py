@@ -61,7 +61,8 @@ def add_parser(subparsers: Any) -> None:
         action="store_true",
         help="data not in the page cache: the scenario's files are evicted before every pass, "
         "and fio (when installed) reads them at random in the same block size, with one and "
-        "with 32 reads in flight per thread, as yardsticks",
+        "with 32 reads in flight per thread, as yardsticks; samples/s then counts the whole "
+        "pass, first batch included",
     )
     parser.add_argument(
         "--only",

@@ -481,5 +481,54 @@ TEST(LoaderTest, SourcesAreToldOfTheNextSampleBeforeReadingIt) {
   EXPECT_EQ(source->hinted_before_read, 64 - claims);
 }
 
+// Every read comes from storage (a cold file); records when the loader
+// announces rows (will_need) and the storage around them (will_need_around)
+// against how many rows of the first batch (indices below kFirstBatch,
+// unshuffled) had been read.
+class ColdRecordingSource final : public Source {
+ public:
+  static constexpr int64_t kFirstBatch = 16;
+  int64_t size() const override { return 256; }
+  const std::vector<FieldSpec>& fields() const override { return fields_; }
+  void read_sample(int64_t index, SampleWriter& writer) const override {
+    std::span<std::byte> row = writer.field_buffer(0, *fields_[0].shape);
+    std::fill(row.begin(), row.end(), static_cast<std::byte>(index));
+    ++reads;
+    if (index < kFirstBatch) ++first_batch_rows_read;
+  }
+  uint64_t storage_reads() const override { return reads.load(); }
+  void will_need(int64_t) const noexcept override {
+    if (first_batch_rows_read.load() < kFirstBatch) ++rows_announced_during_first_batch;
+  }
+  void will_need_around(int64_t) const noexcept override {
+    ++around_announced;
+    if (first_batch_rows_read.load() < kFirstBatch) ++around_announced_during_first_batch;
+  }
+  std::string describe() const override { return "ColdRecordingSource"; }
+  std::string sample_location(int64_t index) const override { return std::to_string(index); }
+  size_t estimated_sample_bytes() const override { return 256 << 10; }
+
+  mutable std::atomic<uint64_t> reads{0};
+  mutable std::atomic<int64_t> first_batch_rows_read{0};
+  mutable std::atomic<int> rows_announced_during_first_batch{0};
+  mutable std::atomic<int> around_announced{0};
+  mutable std::atomic<int> around_announced_during_first_batch{0};
+
+ private:
+  std::vector<FieldSpec> fields_{{"x", DType::kU8, Shape{256 << 10}}};
+};
+
+// From a cold file the next rows are announced at once, but the storage
+// around them (windows of megabytes that fill the device's queue) only once
+// the first batch has been read: its own reads would wait behind them.
+TEST(LoaderTest, StorageAroundTheNextRowsIsAnnouncedOnlyAfterTheFirstBatch) {
+  const auto source = std::make_shared<ColdRecordingSource>();
+  Loader loader(source, options(ColdRecordingSource::kFirstBatch, false, 2));
+  run_epoch(loader);
+  EXPECT_GT(source->rows_announced_during_first_batch.load(), 0);
+  EXPECT_GT(source->around_announced.load(), 0);
+  EXPECT_EQ(source->around_announced_during_first_batch.load(), 0);
+}
+
 }  // namespace
 }  // namespace leanloader
