@@ -357,7 +357,11 @@ void EpochRun::process_chunk(int64_t batch, int64_t first, int64_t end, const ch
 
 void EpochRun::read_ahead(int64_t end) {
   const uint64_t storage_reads = plan_.source->storage_reads();
-  if (storage_reads != storage_reads_seen_.load(std::memory_order_relaxed)) {
+  const bool read_from_storage =
+      storage_reads != storage_reads_seen_.load(std::memory_order_relaxed);
+  // Rows copied out of a mapping are not counted by the source; their page
+  // faults are (this thread's, checked every few chunks).
+  if (storage_faults_.faulted_since_last_check() || read_from_storage) {
     // Rows are coming from storage: keep announcing the next rows until
     // several windows' worth have been read without another miss.
     storage_reads_seen_.store(storage_reads, std::memory_order_relaxed);

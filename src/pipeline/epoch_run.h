@@ -26,6 +26,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "io/storage_faults.h"
 #include "leanloader/core/error.h"
 #include "leanloader/pipeline/loader.h"
 #include "pipeline/prefetch_window.h"
@@ -139,6 +140,7 @@ class EpochRun final : public Job {
   int64_t chunks_per_batch_ = 1;  // ceil(batch_size / chunk_rows_)
   int64_t read_ahead_rows_ = 16;  // rows announced ahead while reads miss the cache
   std::atomic<uint64_t> storage_reads_seen_{0};
+  StorageFaultWatch storage_faults_;      // rows copied from a mapping that was not cached
   std::atomic<int64_t> cold_until_{0};    // announce rows while positions are below this
   std::atomic<int64_t> hinted_until_{0};  // positions below this were announced
   // Positions below this had the storage around them announced; none is

@@ -96,7 +96,7 @@ std::shared_ptr<NpySource> NpySource::from_arrays(
     array.row_step = static_cast<size_t>(strides[0]) * dtype_size(header.dtype);
     array.pread_rows = !header.fortran_order && array.row_step > kMappedRowBytes;
     if (total_bytes > 0) array.mapping = MappedFile::open(path);
-    if (array.pread_rows && total_bytes > 0) {
+    if (!header.fortran_order && total_bytes > 0) {
       array.read_around = detail::ReadAround::for_rows(array.reader, header.data_offset,
                                                        header.data_offset + total_bytes,
                                                        array.row_step, available_memory_or_zero());
@@ -186,8 +186,9 @@ void NpySource::read_from_arrays(int64_t index, SampleWriter& writer) const {
 void NpySource::will_need(int64_t index) const noexcept {
   if (index < 0 || index >= rows_) return;
   for (const MappedArray& array : arrays_) {
-    // Only the pread rows: C order, so a row's bytes are its step.
-    if (!array.pread_rows) continue;
+    // C order, so a row's bytes are its step (pread rows and rows copied
+    // from the mapping alike).
+    if (array.header.fortran_order || array.mapping == nullptr) continue;
     array.reader->will_need(array.header.data_offset + static_cast<size_t>(index) * array.row_step,
                             array.row_step);
   }

@@ -54,9 +54,11 @@ class NpySource final : public Source {
   // first; one that was not in the page cache counts here.
   uint64_t storage_reads() const override { return storage_reads_.load(); }
   void will_need(int64_t index) const noexcept override;
-  // pread rows of a file that fits in memory, on a device that reads ahead
-  // more than a row around a fault: the aligned read-ahead window holding
-  // the row, once per window (src/io/read_around.h).
+  // C-order rows of a file that fits in memory, on a device that reads
+  // ahead more than a row around a fault: the aligned read-ahead window
+  // holding the row, once per window (src/io/read_around.h). The loader
+  // calls it while rows come from storage: pread rows that missed, or page
+  // faults that waited for storage while rows were copied from the mapping.
   void will_need_around(int64_t index) const noexcept override;
   void will_read(int64_t index) const noexcept override;
 
@@ -70,7 +72,7 @@ class NpySource final : public Source {
     // stores. Null for an empty array.
     std::shared_ptr<MappedFile> mapping;
     bool pread_rows = false;  // C order, rows above 64 KiB
-    // pread rows: reads the windows around cold rows; null where that does
+    // C order: reads the windows around cold rows; null where that does
     // not pay (ReadAround::for_rows).
     std::shared_ptr<const detail::ReadAround> read_around;
     NpyHeader header;

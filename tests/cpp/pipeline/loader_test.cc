@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -528,6 +529,63 @@ TEST(LoaderTest, StorageAroundTheNextRowsIsAnnouncedOnlyAfterTheFirstBatch) {
   EXPECT_GT(source->rows_announced_during_first_batch.load(), 0);
   EXPECT_GT(source->around_announced.load(), 0);
   EXPECT_EQ(source->around_announced_during_first_batch.load(), 0);
+}
+
+// Rows copied out of a mapping of a file that is not in the page cache: the
+// source counts no storage reads (storage_reads() stays 0), but its page
+// faults wait for storage. Counts the rows the loader announces.
+class MappedColdSource final : public Source {
+ public:
+  explicit MappedColdSource(const std::string& path) : fd_(::open(path.c_str(), O_RDONLY)) {
+    bytes_ = static_cast<size_t>(size()) * kRowBytes;
+    mapped_ = static_cast<const std::byte*>(::mmap(nullptr, bytes_, PROT_READ, MAP_SHARED, fd_, 0));
+    ::madvise(const_cast<std::byte*>(mapped_), bytes_, MADV_RANDOM);  // a fault reads its page
+  }
+  ~MappedColdSource() override {
+    ::munmap(const_cast<std::byte*>(mapped_), bytes_);
+    ::close(fd_);
+  }
+  static constexpr size_t kRowBytes = 4096;
+  int64_t size() const override { return 256; }
+  const std::vector<FieldSpec>& fields() const override { return fields_; }
+  void read_sample(int64_t index, SampleWriter& writer) const override {
+    std::span<std::byte> row = writer.field_buffer(0, *fields_[0].shape);
+    std::memcpy(row.data(), mapped_ + static_cast<size_t>(index) * kRowBytes, kRowBytes);
+  }
+  void will_need(int64_t) const noexcept override { ++rows_announced; }
+  std::string describe() const override { return "MappedColdSource"; }
+  std::string sample_location(int64_t index) const override { return std::to_string(index); }
+  size_t estimated_sample_bytes() const override { return kRowBytes; }
+
+  mutable std::atomic<int> rows_announced{0};
+
+ private:
+  int fd_;
+  size_t bytes_ = 0;
+  const std::byte* mapped_ = nullptr;
+  std::vector<FieldSpec> fields_{{"x", DType::kU8, Shape{static_cast<int64_t>(kRowBytes)}}};
+};
+
+TEST(LoaderTest, RowsCopiedFromAColdMappingAreNoticedAndTheNextOnesAnnounced) {
+  TempDir dir;
+  const std::string path = dir.file("rows.bin");
+  std::vector<char> data(256 * MappedColdSource::kRowBytes, 'x');
+  std::ofstream(path, std::ios::binary)
+      .write(data.data(), static_cast<std::streamsize>(data.size()));
+  {
+    const auto cached = std::make_shared<MappedColdSource>(path);
+    Loader warm(cached, options(16, true, 2));
+    run_epoch(warm);  // no fault waits for storage: nothing is announced
+    EXPECT_EQ(cached->rows_announced.load(), 0);
+  }
+  // Unmapped now, so that its pages can be dropped.
+  if (testing::evict_from_page_cache(path) > 4) {
+    GTEST_SKIP() << "the file system keeps the file in memory (tmpfs?)";
+  }
+  const auto cold_source = std::make_shared<MappedColdSource>(path);
+  Loader cold(cold_source, options(16, true, 2));
+  run_epoch(cold);
+  EXPECT_GT(cold_source->rows_announced.load(), 0);
 }
 
 }  // namespace
