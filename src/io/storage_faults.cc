@@ -14,7 +14,9 @@ thread_local long major_faults_at_check = -1;
 }  // namespace
 
 bool StorageFaultWatch::faulted_since_last_check() const noexcept {
-  // A thread's first call checks, to learn its count.
+  // The watch's eager checks first (a pass's first chunks); past them a
+  // thread checks on its first call, to learn its count, then on every
+  // check_every-th.
   const bool eager = eager_checks_.load(std::memory_order_relaxed) > 0 &&
                      eager_checks_.fetch_sub(1, std::memory_order_relaxed) > 0;
   if (!eager && major_faults_at_check >= 0 && ++calls_since_check < check_every_) return false;
