@@ -120,6 +120,13 @@ inline size_t resident_pages(const std::string& path, size_t offset = 0,
   return count;
 }
 
+// Writes a file of `bytes` bytes of 'x' at `path`; returns the path.
+inline std::string write_filled_file(const std::string& path, size_t bytes) {
+  const std::vector<char> data(bytes, 'x');
+  std::ofstream(path, std::ios::binary).write(data.data(), static_cast<std::streamsize>(bytes));
+  return path;
+}
+
 // Asks the kernel to drop `path`'s pages from the page cache; returns how
 // many pages stayed resident (tmpfs keeps them all; pages mapped by someone
 // may stay).

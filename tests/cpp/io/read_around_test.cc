@@ -24,10 +24,7 @@ using testing::TempDir;
 using testing::kMiB;
 
 std::string write_file(const TempDir& dir, size_t bytes) {
-  const std::string path = dir.path() + "/rows.bin";
-  std::vector<char> data(bytes, 'x');
-  std::ofstream(path, std::ios::binary).write(data.data(), static_cast<std::streamsize>(bytes));
-  return path;
+  return testing::write_filled_file(dir.file("rows.bin"), bytes);
 }
 
 // Waits (up to 20 s: the reads were started, a busy disk may take its time)

@@ -18,13 +18,6 @@ namespace {
 using detail::StorageFaultWatch;
 using testing::TempDir;
 
-std::string write_file(const TempDir& dir, size_t bytes) {
-  const std::string path = dir.file("data.bin");
-  std::vector<char> data(bytes, 'x');
-  std::ofstream(path, std::ios::binary).write(data.data(), static_cast<std::streamsize>(bytes));
-  return path;
-}
-
 // Sums one byte of every page of the file through a fresh mapping (each
 // page a fault: minor when cached, major when it waits for storage).
 long touch_every_page(const std::string& path, size_t bytes) {
@@ -46,7 +39,7 @@ long touch_every_page(const std::string& path, size_t bytes) {
 TEST(StorageFaultWatchTest, SeesFaultsThatWaitForStorageOnly) {
   TempDir dir;
   const size_t bytes = size_t{4} << 20;
-  const std::string path = write_file(dir, bytes);
+  const std::string path = testing::write_filled_file(dir.file("data.bin"), bytes);
   if (testing::evict_from_page_cache(path) > 4) {
     GTEST_SKIP() << "the file system keeps the file in memory (tmpfs?)";
   }
@@ -73,7 +66,7 @@ TEST(StorageFaultWatchTest, SeesFaultsThatWaitForStorageOnly) {
 TEST(StorageFaultWatchTest, ChecksEveryNthCallAfterTheEagerOnes) {
   TempDir dir;
   const size_t bytes = size_t{1} << 20;
-  const std::string path = write_file(dir, bytes);
+  const std::string path = testing::write_filled_file(dir.file("data.bin"), bytes);
   const StorageFaultWatch watch(/*eager_checks=*/0, /*check_every=*/4);
   std::thread([&] {
     EXPECT_FALSE(watch.faulted_since_last_check());  // the first call checks

@@ -568,10 +568,8 @@ class MappedColdSource final : public Source {
 
 TEST(LoaderTest, RowsCopiedFromAColdMappingAreNoticedAndTheNextOnesAnnounced) {
   TempDir dir;
-  const std::string path = dir.file("rows.bin");
-  std::vector<char> data(256 * MappedColdSource::kRowBytes, 'x');
-  std::ofstream(path, std::ios::binary)
-      .write(data.data(), static_cast<std::streamsize>(data.size()));
+  const std::string path =
+      testing::write_filled_file(dir.file("rows.bin"), 256 * MappedColdSource::kRowBytes);
   {
     const auto cached = std::make_shared<MappedColdSource>(path);
     Loader warm(cached, options(16, true, 2));
