@@ -280,6 +280,21 @@ def test_cold_mode_evicts_the_data_and_measures_fio_beside_the_loader(
     assert "of fio" in harness.format_report(report)
 
 
+def test_latents_cold_mode_gives_fio_a_shard_for_the_runs_that_read_shards() -> None:
+    scenario = get_scenario("latents")
+    assert scenario.cold_read is not None
+    data = {"shards": ["/cache/shard-1.safetensors", "/cache/shard-2.safetensors"]}
+    targets = {run.run_key: scenario.cold_read(data, run) for run in scenario.loaders}
+    sample_bytes = 2 * (16 * 128 * 128) + 2 * (256 * 4096)
+    for key in ("leanloader", "grain", "torchdata", "spdl"):
+        path, block = targets[key]
+        assert path == "/cache/shard-1.safetensors"
+        assert block % 4096 == 0 and sample_bytes <= block < sample_bytes + 4096
+    # torch's runs read one file per sample or RAM; the yardstick reads RAM
+    assert targets["torch-ram"] is None and targets["torch-files"] is None
+    assert targets["copy-and-read"] is None
+
+
 def test_fewer_than_three_rounds_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="rounds"):
         harness.run_scenario(get_scenario("arrays"), "quick", rounds=2, data_dir=tmp_path)

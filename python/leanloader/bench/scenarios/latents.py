@@ -28,6 +28,10 @@ those files (256 MiB shards).
 - ``torch-files`` (baseline b, ``cache_latents_to_disk: true``): a Dataset of
   paths whose ``__getitem__`` calls ``safetensors.torch.load_file``;
   ``DataLoader(num_workers=2, spawn, persistent_workers=True)``.
+
+With ``--cold`` the shards and the per-sample files are evicted before every
+pass and fio reads a shard at random in samples' size (the shard readers'
+yardstick).
 """
 
 from __future__ import annotations
@@ -113,6 +117,20 @@ def prepare(data_dir: Path, size: Mapping[str, Any]) -> dict[str, Any]:
         "shards": shards,
         "samples": samples,
     }
+
+
+# The runs that read the shard files (fio's yardstick with --cold reads one).
+_SHARD_READERS = frozenset({"leanloader", "grain", "torchdata", "spdl"})
+
+
+def _cold_read(data: Mapping[str, Any], run: LoaderRun) -> tuple[str, int] | None:
+    """A shard file and a sample's bytes (in whole pages) for the runs that
+    read the shards: fio's random reads with --cold. None for torch's runs
+    (one file per sample, or every sample loaded into RAM before the timer)
+    and the yardstick (from RAM)."""
+    if run.name not in _SHARD_READERS or not data["shards"]:
+        return None
+    return data["shards"][0], -(-SAMPLE_BYTES // 4096) * 4096
 
 
 def iterate_leanloader(context: LoaderContext) -> Iterator[Any]:
@@ -383,5 +401,6 @@ SCENARIO = Scenario(
         ),
     ),
     warm_files=lambda data: [*data["shards"], *data["files"]],
+    cold_read=_cold_read,
     describe_size=_describe_size,
 )
