@@ -9,7 +9,12 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
+
+#include "io/file_io.h"
+#include "leanloader/core/error.h"
 
 namespace leanloader::detail {
 
@@ -18,6 +23,18 @@ constexpr uint64_t kPageSwapped = uint64_t{1} << 62;
 // A page of a file or of shared memory (shmem), not a private anonymous one.
 // Readable without privileges (the frame number is not).
 constexpr uint64_t kPageFileOrShared = uint64_t{1} << 61;
+
+// Opens a /proc/PID/pagemap; null where it cannot be (the process has
+// exited, or it is another user's).
+inline std::unique_ptr<File> open_pagemap(const std::string& path) noexcept {
+  try {
+    return std::make_unique<File>(path);
+  } catch (const Error&) {
+    return nullptr;
+  } catch (const std::bad_alloc&) {
+    return nullptr;
+  }
+}
 
 // Calls `visit(page_address, entry)` for each page overlapping [start, end),
 // reading `pagemap` (an open /proc/PID/pagemap) a chunk at a time into

@@ -532,12 +532,9 @@ void HeldFiles::mark_mapped(const std::vector<int>& pids) {
       mappings.push_back({&found->second, line->start, line->end, line->offset, shared});
     }
     if (mappings.empty()) continue;
-    std::optional<detail::File> pagemap;
-    try {
-      pagemap.emplace(proc_file(root_, pid, "pagemap"));
-    } catch (const Error&) {
-      continue;  // exited, or another user's process
-    }
+    const std::unique_ptr<detail::File> pagemap =
+        detail::open_pagemap(proc_file(root_, pid, "pagemap"));
+    if (pagemap == nullptr) continue;  // exited, or another user's process
     for (const Mapping& mapping : mappings) {
       detail::for_each_pagemap_entry(
           pagemap->fd(), mapping.start, mapping.end, page_, entries,

@@ -22,6 +22,16 @@ uint64_t elapsed_ns(Clock::time_point since) {
       std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - since).count());
 }
 
+// Advances `until` to `target` unless another thread got it further already;
+// returns where it stood (the positions from there to `target` are the
+// caller's to announce, none if it stood at or past `target`).
+int64_t advance_to(std::atomic<int64_t>& until, int64_t target) {
+  int64_t from = until.load();
+  while (from < target && !until.compare_exchange_weak(from, target)) {
+  }
+  return from;
+}
+
 constexpr size_t kSkippedDetailLimit = 100;
 // How long a worker waits for a slot to come back before allocating beyond
 // the pool: the consumer drops its previous batch right after it receives
@@ -369,9 +379,7 @@ void EpochRun::read_ahead(int64_t end) {
   }
   if (end >= cold_until_.load(std::memory_order_relaxed)) return;
   const int64_t target = std::min(end + read_ahead_rows_, plan_.num_positions);
-  int64_t from = hinted_until_.load();
-  while (from < target && !hinted_until_.compare_exchange_weak(from, target)) {
-  }
+  int64_t from = advance_to(hinted_until_, target);
   for (int64_t position = std::max(from, end); position < target; ++position) {
     plan_.source->will_need(index_at(position));
   }
@@ -385,9 +393,7 @@ void EpochRun::read_ahead(int64_t end) {
   // 2 GiB file of 256 KiB rows, batch 64: first batch 0.6-1.1 s, 0.04-0.06 s
   // without them).
   if (!first_batch_read_.load(std::memory_order_acquire)) return;
-  from = windows_hinted_until_.load();
-  while (from < target && !windows_hinted_until_.compare_exchange_weak(from, target)) {
-  }
+  from = advance_to(windows_hinted_until_, target);
   for (int64_t position = std::max(from, end); position < target; ++position) {
     plan_.source->will_need_around(index_at(position));
   }

@@ -3,13 +3,13 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "core/page_size.h"
 #include "io/file_io.h"
 #include "io/pagemap.h"
 #include "io/proc_maps.h"
-#include "leanloader/core/error.h"
 
 namespace leanloader::detail {
 
@@ -53,12 +53,8 @@ std::optional<MappedFileRange> mapped_file_range(const std::vector<ProcessMappin
 
 bool for_each_written_page(uintptr_t start, uintptr_t end,
                            const std::function<bool(uintptr_t)>& visit) {
-  std::optional<File> pagemap;
-  try {
-    pagemap.emplace("/proc/self/pagemap");
-  } catch (const Error&) {
-    return false;
-  }
+  const std::unique_ptr<File> pagemap = open_pagemap("/proc/self/pagemap");
+  if (pagemap == nullptr) return false;
   std::vector<uint64_t> entries;
   return for_each_pagemap_entry(
       pagemap->fd(), start, end, page_size(), entries, [&](uintptr_t at, uint64_t entry) {
