@@ -353,3 +353,43 @@ def test_core_lists_every_safetensors_dtype_and_ships_type_stubs():
 def test_array_source_rejects_a_dtype_it_cannot_carry():
     with pytest.raises(ValueError, match="'z' has a dtype"):
         ll.ArraySource({"z": np.zeros(4, dtype=np.complex128)})
+
+
+def _evicted(path):
+    """Drops the file's pages from the page cache; False where they stay
+    (tmpfs keeps every page)."""
+    with open(path, "rb") as file:
+        os.fsync(file.fileno())  # dirty pages cannot be dropped
+        os.posix_fadvise(file.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    completed = subprocess.run(
+        ["fincore", "--bytes", "--noheadings", "--output", "RES", str(path)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    return (
+        completed.returncode == 0 and int(completed.stdout.split()[0]) < os.path.getsize(path) // 2
+    )
+
+
+@pytest.mark.parametrize("row_values", [1024, 65536])  # 4 KiB rows (mapped), 256 KiB (pread)
+def test_rows_read_from_a_cold_page_cache_equal_numpys(tmp_path, row_values):
+    """From a cold page cache the loader announces the next rows and the
+    storage around them (noticed by pread misses, or by page faults for rows
+    copied out of the mapping): the batches are still numpy's rows, byte for
+    byte, in a file numpy wrote."""
+    rows = 64 * 1024 * 1024 // (row_values * 4)  # 64 MiB
+    rng = np.random.default_rng(3)
+    np.save(tmp_path / "x.npy", rng.standard_normal((rows, row_values), dtype=np.float32))
+    np.save(tmp_path / "id.npy", np.arange(rows, dtype=np.int64))
+    if not _evicted(tmp_path / "x.npy"):
+        pytest.skip("the file system keeps the file in memory, or fincore is missing")
+    expected = np.load(tmp_path / "x.npy", mmap_mode="r")
+    loader = ll.Loader(
+        ll.NpySource({"x": tmp_path / "x.npy", "id": tmp_path / "id.npy"}),
+        batch_size=16, shuffle=True, num_threads=2, output="numpy",
+    )  # fmt: skip
+    seen = 0
+    for batch in loader:
+        ids = np.asarray(batch["id"])
+        assert np.asarray(batch["x"]).tobytes() == np.ascontiguousarray(expected[ids]).tobytes()
+        seen += len(ids)
+    assert seen == rows
