@@ -17,6 +17,8 @@ namespace {
 // Pages asked about per mincore call: 1 MiB of 4 KiB pages, on the stack.
 constexpr size_t kPagesPerQuery = 256;
 
+}  // namespace
+
 bool is_resident(const std::byte* mapped, size_t bytes) noexcept {
   const size_t page = page_size();
   const auto address = reinterpret_cast<uintptr_t>(mapped);
@@ -36,8 +38,6 @@ bool is_resident(const std::byte* mapped, size_t bytes) noexcept {
   }
   return true;
 }
-
-}  // namespace
 
 ResidentCopy copy_if_resident(void* dst, const std::byte* mapped, size_t bytes,
                               Stores stores) noexcept {

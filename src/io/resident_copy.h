@@ -26,6 +26,10 @@ enum class ResidentCopy {
   kGone,         // the file lost pages of the range since it was mapped
 };
 
+// Whether every page of [mapped, mapped + bytes) (inside a file mapping) is
+// in the page cache: one mincore call per MiB. False where it cannot be told.
+bool is_resident(const std::byte* mapped, size_t bytes) noexcept;
+
 // Copies `bytes` from `mapped` (inside a file mapping) to `dst` with
 // `stores` when every page of the range is resident.
 ResidentCopy copy_if_resident(void* dst, const std::byte* mapped, size_t bytes,

@@ -121,10 +121,11 @@ class EpochRun final : public Job {
   // Reads rows [first, end) of `batch`. `stage` names what the worker is
   // doing, for an error that escapes.
   void process_chunk(int64_t batch, int64_t first, int64_t end, const char*& stage);
-  // When the source reports reads from storage, announces the rows after
-  // `end` (see kReadAheadBytes) and, once the first batch has been read, the
-  // storage around them.
-  void read_ahead(int64_t end);
+  // When the source reports reads from storage (or, on a pass's first call,
+  // its first row is not in memory), announces the rows from `first` on not
+  // announced yet, up to kReadAheadBytes past `end`, and, once the first
+  // batch has been read, the storage around those after `end`.
+  void read_ahead(int64_t first, int64_t end);
   // The sample index this rank visits at its local `position`.
   int64_t index_at(int64_t position) const;
   void record_failure(BatchState& state, int64_t row, SampleError error);
@@ -147,6 +148,7 @@ class EpochRun final : public Job {
   // until the first batch has been read (see read_ahead).
   std::atomic<int64_t> windows_hinted_until_{0};
   std::atomic<bool> first_batch_read_{false};
+  std::atomic<bool> start_probed_{false};  // the pass's first row was asked about (in_memory)
   std::atomic<bool> cancelled_{false};
   std::atomic<int64_t> failed_batch_;
   std::atomic<uint64_t> skipped_count_{0};

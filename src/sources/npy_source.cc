@@ -183,6 +183,19 @@ void NpySource::read_from_arrays(int64_t index, SampleWriter& writer) const {
   }
 }
 
+bool NpySource::in_memory(int64_t index) const noexcept {
+  if (index < 0 || index >= rows_) return true;
+  for (const MappedArray& array : arrays_) {
+    if (array.header.fortran_order || array.mapping == nullptr) continue;
+    const size_t offset = array.header.data_offset + static_cast<size_t>(index) * array.row_step;
+    if (range_fits(offset, array.row_step, array.mapping->size()) &&
+        !detail::is_resident(array.mapping->data() + offset, array.row_step)) {
+      return false;
+    }
+  }
+  return true;
+}
+
 void NpySource::will_need(int64_t index) const noexcept {
   if (index < 0 || index >= rows_) return;
   for (const MappedArray& array : arrays_) {

@@ -53,6 +53,10 @@ class NpySource final : public Source {
   // Rows read with pread (above 64 KiB, C order) are read without waiting
   // first; one that was not in the page cache counts here.
   uint64_t storage_reads() const override { return storage_reads_.load(); }
+  // C-order rows of mapped arrays: every page of the row is in the page
+  // cache (mincore). Rows of a directory's files and Fortran-order rows:
+  // true (not told).
+  bool in_memory(int64_t index) const noexcept override;
   void will_need(int64_t index) const noexcept override;
   // C-order rows of a file that fits in memory, on a device that reads
   // ahead more than a row around a fault: the aligned read-ahead window

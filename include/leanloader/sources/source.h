@@ -95,6 +95,16 @@ class Source {
   // grows, the loader announces the rows it will read next (will_need), so
   // that the kernel has many reads in flight instead of one per thread.
   virtual uint64_t storage_reads() const { return 0; }
+  // Whether sample `index` is in memory now (its bytes in the page cache);
+  // true where the source cannot tell. The loader asks once, at a pass's
+  // start: when the first sample is not, it announces the pass's first rows
+  // before reading any (rows copied out of a mapping would otherwise each
+  // wait for a page fault, and for the device's read-ahead around it, one
+  // row at a time per thread, until a miss shows). Never throws.
+  virtual bool in_memory(int64_t index) const noexcept {
+    (void)index;
+    return true;
+  }
   // A hint that sample `index` will be read soon: start reading it from
   // storage in the background. Never blocks for the data, never throws.
   virtual void will_need(int64_t index) const noexcept { (void)index; }

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -529,6 +530,56 @@ TEST(LoaderTest, StorageAroundTheNextRowsIsAnnouncedOnlyAfterTheFirstBatch) {
   EXPECT_GT(source->rows_announced_during_first_batch.load(), 0);
   EXPECT_GT(source->around_announced.load(), 0);
   EXPECT_EQ(source->around_announced_during_first_batch.load(), 0);
+}
+
+// A source whose rows are not in memory and that counts no storage reads
+// (rows copied out of a mapping: their misses show only as page faults):
+// records whether each row had been announced when it was read.
+class NotInMemorySource final : public Source {
+ public:
+  int64_t size() const override { return 256; }
+  const std::vector<FieldSpec>& fields() const override { return fields_; }
+  void read_sample(int64_t index, SampleWriter& writer) const override {
+    std::span<std::byte> row = writer.field_buffer(0, *fields_[0].shape);
+    std::fill(row.begin(), row.end(), static_cast<std::byte>(index));
+    if (!announced_[static_cast<size_t>(index)].load()) ++rows_read_unannounced;
+  }
+  bool in_memory(int64_t) const noexcept override {
+    ++in_memory_asked;
+    return false;
+  }
+  void will_need(int64_t index) const noexcept override {
+    announced_[static_cast<size_t>(index)] = true;
+  }
+  std::string describe() const override { return "NotInMemorySource"; }
+  std::string sample_location(int64_t index) const override { return std::to_string(index); }
+  size_t estimated_sample_bytes() const override { return 4096; }
+  void forget_announcements() {
+    for (auto& announced : announced_) announced = false;
+  }
+
+  mutable std::atomic<int> in_memory_asked{0};
+  mutable std::atomic<int> rows_read_unannounced{0};
+
+ private:
+  std::vector<FieldSpec> fields_{{"x", DType::kU8, Shape{4096}}};
+  mutable std::array<std::atomic<bool>, 256> announced_{};
+};
+
+// A pass asks once whether its first row is in memory; when it is not, its
+// rows are announced before any is read (here all 256 fit in the read-ahead:
+// one thread, so no other thread reads before the announcement).
+TEST(LoaderTest, APassWhoseFirstRowIsNotInMemoryAnnouncesItsRowsBeforeReadingAny) {
+  const auto source = std::make_shared<NotInMemorySource>();
+  Loader loader(source, options(16, true, 1));
+  run_epoch(loader);
+  EXPECT_EQ(source->in_memory_asked.load(), 1);
+  EXPECT_EQ(source->rows_read_unannounced.load(), 0);
+  source->forget_announcements();
+  loader.set_epoch(1);
+  run_epoch(loader);
+  EXPECT_EQ(source->in_memory_asked.load(), 2);
+  EXPECT_EQ(source->rows_read_unannounced.load(), 0);
 }
 
 // Rows copied out of a mapping of a file that is not in the page cache: the

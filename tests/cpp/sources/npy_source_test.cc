@@ -249,6 +249,26 @@ TEST(NpySourceTest, StreamingLargeRowsReadTheSameBytesInMemoryOrNot) {
   EXPECT_EQ(source->storage_reads(), after_row_28);  // row 2 stayed in memory
 }
 
+// in_memory tells whether a row's pages are in the page cache (mincore on
+// the source's mapping). Skipped where the file cannot be evicted (tmpfs).
+TEST(NpySourceTest, TellsWhetherARowIsInMemory) {
+  TempDir dir;
+  const int64_t rows = 64, row_values = 1024;  // 4 KiB rows: copied from the mapping
+  std::vector<float> x(static_cast<size_t>(rows * row_values), 2.0f);
+  write_npy(dir.file("x.npy"), DType::kF32, {rows, row_values}, x);
+  const auto source = NpySource::from_arrays({{"x", dir.file("x.npy")}});
+  EXPECT_TRUE(source->in_memory(40));  // just written
+  EXPECT_TRUE(source->in_memory(-1));  // out of range: not told
+  if (testing::evict_from_page_cache(dir.file("x.npy")) > 4) {
+    GTEST_SKIP() << "the file system keeps the file in memory (tmpfs?)";
+  }
+  EXPECT_FALSE(source->in_memory(40));
+  CollectingWriter writer(*source);
+  source->read_sample(40, writer);
+  EXPECT_TRUE(source->in_memory(40));
+  EXPECT_EQ(reinterpret_cast<const float*>(writer.buffers[0].data())[7], 2.0f);
+}
+
 TEST(NpySourceTest, MissingFileIsNotFound) {
   try {
     NpySource::from_arrays({{"x", "/nonexistent/x.npy"}});
