@@ -159,7 +159,7 @@ void NpySource::read_from_arrays(int64_t index, SampleWriter& writer) const {
       writer.prefers_streaming_stores() ? detail::Stores::kStreaming : detail::Stores::kCached;
   for (size_t f = 0; f < arrays_.size(); ++f) {
     const MappedArray& array = arrays_[f];
-    const size_t offset = array.header.data_offset + static_cast<size_t>(index) * array.row_step;
+    const size_t offset = array.row_offset(index);
     const std::span<std::byte> dst = writer.field_buffer(f, array.row_shape);
     if (dst.empty()) continue;
     if (array.pread_rows) {
@@ -187,7 +187,7 @@ bool NpySource::in_memory(int64_t index) const noexcept {
   if (index < 0 || index >= rows_) return true;
   for (const MappedArray& array : arrays_) {
     if (array.header.fortran_order || array.mapping == nullptr) continue;
-    const size_t offset = array.header.data_offset + static_cast<size_t>(index) * array.row_step;
+    const size_t offset = array.row_offset(index);
     if (range_fits(offset, array.row_step, array.mapping->size()) &&
         !detail::is_resident(array.mapping->data() + offset, array.row_step)) {
       return false;
@@ -202,8 +202,7 @@ void NpySource::will_need(int64_t index) const noexcept {
     // C order, so a row's bytes are its step (pread rows and rows copied
     // from the mapping alike).
     if (array.header.fortran_order || array.mapping == nullptr) continue;
-    array.reader->will_need(array.header.data_offset + static_cast<size_t>(index) * array.row_step,
-                            array.row_step);
+    array.reader->will_need(array.row_offset(index), array.row_step);
   }
 }
 
@@ -211,8 +210,7 @@ void NpySource::will_need_around(int64_t index) const noexcept {
   if (index < 0 || index >= rows_) return;
   for (const MappedArray& array : arrays_) {
     if (!array.read_around) continue;
-    array.read_around->announce(array.header.data_offset +
-                                static_cast<size_t>(index) * array.row_step);
+    array.read_around->announce(array.row_offset(index));
   }
 }
 
@@ -221,7 +219,7 @@ void NpySource::will_read(int64_t index) const noexcept {
   for (const MappedArray& array : arrays_) {
     // Rows copied from the mapping; pread rows are the kernel's to bring in.
     if (array.pread_rows || array.mapping == nullptr || array.header.fortran_order) continue;
-    const size_t offset = array.header.data_offset + static_cast<size_t>(index) * array.row_step;
+    const size_t offset = array.row_offset(index);
     if (!range_fits(offset, array.row_step, array.mapping->size())) continue;
     detail::prefetch_for_copy(array.mapping->data() + offset, array.row_step);
   }

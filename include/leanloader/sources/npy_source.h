@@ -83,6 +83,12 @@ class NpySource final : public Source {
     Shape row_shape;
     Shape row_strides;    // elements
     size_t row_step = 0;  // bytes between rows
+
+    // Where row `index` starts in the file (index in range: checked at open
+    // that every row fits).
+    size_t row_offset(int64_t index) const {
+      return header.data_offset + static_cast<size_t>(index) * row_step;
+    }
   };
 
   NpySource() = default;
