@@ -29,7 +29,11 @@ Shape contiguous_strides(const Shape& shape) {
   int64_t stride = 1;
   for (size_t i = shape.size(); i-- > 0;) {
     strides[i] = stride;
-    stride *= shape[i] == 0 ? 1 : shape[i];
+    // A 0 dimension counts as 1 (as numpy): an empty tensor's strides stay
+    // distinct, and the product of the other dimensions must still fit.
+    if (__builtin_mul_overflow(stride, shape[i] == 0 ? 1 : shape[i], &stride)) {
+      throw InvalidArgument("shape " + shape_to_string(shape) + " overflows the address space");
+    }
   }
   return strides;
 }

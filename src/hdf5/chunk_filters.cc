@@ -136,6 +136,7 @@ void lzf_into(const Hdf5Filter& filter, std::span<const std::byte> in, std::span
 
 // Reverses HDF5's byte shuffle: byte j of element i was stored at j * n + i.
 void unshuffle_into(std::span<const std::byte> in, std::span<std::byte> out, size_t element) {
+  if (in.empty()) return;  // an empty chunk's spans may hold null pointers
   const size_t n = in.size() / element;
   for (size_t j = 0; j < element; ++j) {
     const std::byte* plane = in.data() + j * n;
@@ -178,7 +179,7 @@ void decode_chunk_into(std::span<const std::byte> raw, const std::vector<Hdf5Fil
       throw FormatError("corrupt chunk: " + std::to_string(raw.size()) +
                         " bytes stored for an unfiltered chunk of " + std::to_string(out.size()));
     }
-    std::memcpy(out.data(), raw.data(), raw.size());
+    if (!raw.empty()) std::memcpy(out.data(), raw.data(), raw.size());  // empty: may be null
     return;
   }
   for (size_t step = 0; step < active.size(); ++step) {
@@ -213,7 +214,8 @@ void decode_chunk_into(std::span<const std::byte> raw, const std::vector<Hdf5Fil
         const size_t element =
             filter.client_data.empty() ? element_size : size_t{filter.client_data[0]};
         if (element <= 1) {
-          std::memcpy(target.data(), current.data(), current.size());
+          // An empty chunk's spans may hold null pointers, which memcpy must not get.
+          if (!current.empty()) std::memcpy(target.data(), current.data(), current.size());
         } else {
           unshuffle_into(current, target, element);
         }

@@ -40,8 +40,12 @@ constexpr size_t kMappedRowBytes = size_t{64} << 10;
 // The bytes of the array a header describes, checked: a shape whose
 // numel x itemsize does not fit is a FormatError naming the file.
 size_t data_bytes(const NpyHeader& header, const std::string& path) {
+  // As numpy, the non-zero dimensions must fit even where another is 0: the
+  // strides are products of them, and an empty array's strides are computed too.
+  Shape extents = header.shape;
+  for (int64_t& dim : extents) dim = std::max<int64_t>(dim, 1);
   const std::optional<size_t> bytes = checked_nbytes(header.shape, header.dtype);
-  if (!bytes) {
+  if (!bytes || !checked_nbytes(extents, header.dtype)) {
     throw FormatError("'" + path + "': the header describes " + shape_to_string(header.shape) +
                       " " + std::string(dtype_name(header.dtype)) +
                       ", whose size in bytes overflows the address space");

@@ -19,7 +19,8 @@ using Shape = std::vector<int64_t>;
 
 // Product of dims; throws InvalidArgument on a negative dim or overflow.
 size_t shape_numel(const Shape& shape);
-// Row-major (C order) strides in elements.
+// Row-major (C order) strides in elements; throws InvalidArgument when the
+// product of the non-zero dims overflows.
 Shape contiguous_strides(const Shape& shape);
 // "[16, 128, 128]"
 std::string shape_to_string(const Shape& shape);

@@ -100,6 +100,11 @@ TEST(TensorTest, StridedCopyMatchesElementOrder) {
 
 TEST(TensorTest, ShapeOverflowIsAnError) {
   EXPECT_THROW(shape_numel({1LL << 40, 1LL << 40}), InvalidArgument);
+  // Strides count a 0 dimension as 1, as numpy: an empty shape whose other
+  // dimensions overflow is refused, not computed with a signed overflow.
+  EXPECT_EQ(contiguous_strides({3, 0, 4}), (Shape{4, 4, 1}));
+  EXPECT_EQ(shape_numel({1LL << 40, 0, 1LL << 40}), 0u);
+  EXPECT_THROW(contiguous_strides({1LL << 40, 0, 1LL << 40}), InvalidArgument);
 }
 
 TEST(TensorTest, ViewsWhoseBytesOrReachWrapAreRejected) {

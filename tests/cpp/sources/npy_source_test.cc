@@ -134,6 +134,20 @@ TEST(NpySourceTest, TruncatedArrayFileIsAFormatError) {
   }
 }
 
+// numpy refuses such a shape ("array is too big"): its non-zero dimensions
+// overflow even though it holds no element, and the strides multiply them.
+TEST(NpySourceTest, AnEmptyShapeWhoseOtherDimensionsOverflowIsAFormatError) {
+  TempDir dir;
+  testing::write_npy(dir.file("e.npy"), DType::kF64, {1LL << 40, 0, 1LL << 40}, nullptr, 0);
+  try {
+    NpySource::from_arrays({{"e", dir.file("e.npy")}});
+    FAIL() << "accepted a shape whose strides overflow";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("overflows"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("e.npy"), std::string::npos) << e.what();
+  }
+}
+
 // Small rows are copied from a mapping of the file; a file truncated after
 // the source opened it raises SIGBUS on those pages, which must come back as
 // an error naming the file and the row, never kill the process. Large rows
