@@ -1,5 +1,7 @@
 #include "io/streaming_copy.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -60,6 +62,15 @@ void copy_with_streaming_stores(void* dst, const void* src, size_t bytes) noexce
 #else
   std::memcpy(dst, src, bytes);
 #endif
+}
+
+size_t streaming_batch_bytes() noexcept {
+  static const size_t bytes = [] {
+    const long last_level = ::sysconf(_SC_LEVEL3_CACHE_SIZE);
+    return std::max(kStreamingBatchBytes,
+                    last_level > 0 ? static_cast<size_t>(last_level) / 8 : size_t{0});
+  }();
+  return bytes;
 }
 
 void prefetch_for_copy(const void* src, size_t bytes) noexcept {

@@ -73,7 +73,7 @@ class EpochRun::RowWriter final : public SampleWriter {
   }
 
   bool prefers_streaming_stores() const override {
-    return slot_->size() >= detail::kStreamingBatchBytes;
+    return slot_->size() >= detail::streaming_batch_bytes();
   }
 
   std::span<std::byte> field_buffer(size_t field, const Shape& shape) override {

@@ -16,6 +16,7 @@
 #include <set>
 #include <thread>
 
+#include "io/streaming_copy.h"
 #include "leanloader/core/error.h"
 #include "leanloader/sources/array_source.h"
 #include "leanloader/sources/file_source.h"
@@ -457,14 +458,20 @@ class HintRecordingSource final : public Source {
 
 // Batches of several MiB are filled with streaming stores (they leave the
 // cache before the consumer reads them); small ones with cached stores.
+// Streaming from several MiB, or from an eighth of the last-level cache where
+// the cache is larger (then the batches in flight stay in it for the consumer).
 TEST(LoaderTest, SourcesAreAskedForStreamingStoresInBatchesOfSeveralMiBOnly) {
-  const auto large = std::make_shared<HintRecordingSource>(256 << 10);
-  Loader large_batches(large, options(32, false, 2));  // 8 MiB batches
+  const size_t threshold = detail::streaming_batch_bytes();
+  EXPECT_GE(threshold, detail::kStreamingBatchBytes);
+  EXPECT_GE(threshold, static_cast<size_t>(std::max(::sysconf(_SC_LEVEL3_CACHE_SIZE), 0L)) / 8);
+  const auto row_bytes = static_cast<int64_t>(threshold / 8);
+  const auto large = std::make_shared<HintRecordingSource>(row_bytes);
+  Loader large_batches(large, options(8, false, 2));  // batches of the threshold
   run_epoch(large_batches);
   EXPECT_EQ(large->streaming_reads.load(), 64);
   EXPECT_EQ(large->cached_reads.load(), 0);
-  const auto small = std::make_shared<HintRecordingSource>(256 << 10);
-  Loader small_batches(small, options(4, false, 2));  // 1 MiB batches
+  const auto small = std::make_shared<HintRecordingSource>(row_bytes);
+  Loader small_batches(small, options(2, false, 2));  // a quarter of it
   run_epoch(small_batches);
   EXPECT_EQ(small->streaming_reads.load(), 0);
   EXPECT_EQ(small->cached_reads.load(), 64);
