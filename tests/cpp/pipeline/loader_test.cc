@@ -456,10 +456,11 @@ class HintRecordingSource final : public Source {
   size_t row_bytes_;
 };
 
-// Batches of several MiB are filled with streaming stores (they leave the
-// cache before the consumer reads them); small ones with cached stores.
-// Streaming from several MiB, or from an eighth of the last-level cache where
-// the cache is larger (then the batches in flight stay in it for the consumer).
+// Batches from streaming_batch_bytes() on are filled with streaming stores
+// (they leave the cache before the consumer reads them): several MiB, or an
+// eighth of the last-level cache where that is more, since the batches in
+// flight then stay in the cache for the consumer. Smaller ones with cached
+// stores.
 TEST(LoaderTest, SourcesAreAskedForStreamingStoresInBatchesOfSeveralMiBOnly) {
   const size_t threshold = detail::streaming_batch_bytes();
   EXPECT_GE(threshold, detail::kStreamingBatchBytes);
