@@ -37,7 +37,19 @@ CASES = {
     # A void dtype with an itemsize far beyond the file (or not supported at all).
     "huge_void": npy_bytes("|V9223372036854775807", False, (4,), total=4096),
     "huge_void_row": npy_bytes("|V4611686018427387904", False, (2, 4), total=4096),
+    # No element, but the other dimensions (the strides' factors) overflow.
+    "empty_with_overflowing_dims": npy_bytes("<f8", False, (2**40, 0, 2**40), total=4096),
 }
+
+
+def test_numpy_refuses_an_empty_shape_whose_other_dimensions_overflow(tmp_path):
+    # The reference reader's verdict on the case above ("array is too big").
+    np = pytest.importorskip("numpy")
+    path = tmp_path / "empty.npy"
+    path.write_bytes(CASES["empty_with_overflowing_dims"])
+    with pytest.raises(ValueError, match="too big"):
+        np.load(path)
+
 
 # The end of each script: exit 0 after a FormatError, 3 without one.
 EXPECT_A_FORMAT_ERROR = """
