@@ -37,6 +37,7 @@ import leanloader as ll  # noqa: E402
 from leanloader import _core  # noqa: E402
 from leanloader.dataloader import batch_template, segments  # noqa: E402
 from leanloader.memory import process_tree_memory  # noqa: E402
+from processes import alive  # noqa: E402
 
 # --- datasets -------------------------------------------------------------------------------
 
@@ -281,10 +282,10 @@ class CountsLiveSamples(Dataset):
     def __getitem__(self, i: int):
         import weakref
 
-        alive = sum(ref() is not None for ref in self.returned)
+        kept = sum(ref() is not None for ref in self.returned)
         row = np.full(1024, i, dtype=np.float32)
         self.returned.append(weakref.ref(row))
-        return {"row": row, "alive": alive, "i": i}
+        return {"row": row, "alive": kept, "i": i}
 
 
 def test_workers_hold_one_sample_at_a_time_while_filling_a_batch():
@@ -985,10 +986,10 @@ def test_no_shm_left_after_main_process_is_killed(tmp_path):
             return mounted and usage.f_bfree != usage.f_blocks
 
         while time.monotonic() < deadline and (
-            any(_alive(p) for p in workers) or _shm_holders(shm) or in_use()
+            any(alive(p) for p in workers) or _shm_holders(shm) or in_use()
         ):
             time.sleep(0.05)
-        assert not any(_alive(p) for p in workers), "workers outlived the main process"
+        assert not any(alive(p) for p in workers), "workers outlived the main process"
         assert _shm_holders(shm) == {}, "shared memory still held after the main process died"
         assert os.listdir(shm) == []  # nothing was ever left with a name
         if mounted:
@@ -999,14 +1000,6 @@ def test_no_shm_left_after_main_process_is_killed(tmp_path):
             child.kill()
         if mounted:
             subprocess.run(["umount", str(shm)], check=False)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(") ")[1][0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 # --- failures ---------------------------------------------------------------------------------
@@ -1159,7 +1152,7 @@ def test_ctrl_c_stops_every_worker_cleanly():
     assert stderr.count("KeyboardInterrupt") == 1, stderr
     assert "Fatal Python error" not in stderr
     time.sleep(0.2)
-    assert not any(_alive(p) for p in workers)
+    assert not any(alive(p) for p in workers)
 
 
 # --- memory -----------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ torch = pytest.importorskip("torch")
 from torch.utils.data import Dataset  # noqa: E402
 
 import leanloader as ll  # noqa: E402
+from processes import alive  # noqa: E402
 
 
 class Numbers(Dataset):
@@ -163,14 +164,6 @@ class Busy(Dataset):
         return i
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def test_workers_die_with_a_main_process_killed_while_they_are_busy(tmp_path):
     main = subprocess.Popen(
         [sys.executable, "-c", KILLED_MAIN_SCRIPT, str(tmp_path), str(Path(__file__).parent)]
@@ -180,13 +173,13 @@ def test_workers_die_with_a_main_process_killed_while_they_are_busy(tmp_path):
         while len(os.listdir(tmp_path)) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
         workers = [int(name) for name in os.listdir(tmp_path)]
-        assert len(workers) == 2 and all(_alive(pid) for pid in workers)
+        assert len(workers) == 2 and all(alive(pid) for pid in workers)
         main.send_signal(signal.SIGKILL)
         main.wait()
         deadline = time.monotonic() + 5
-        while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        while any(alive(pid) for pid in workers) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not any(_alive(pid) for pid in workers), "workers outlived their main process"
+        assert not any(alive(pid) for pid in workers), "workers outlived their main process"
     finally:
         main.kill()
         for name in os.listdir(tmp_path):
