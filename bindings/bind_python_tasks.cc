@@ -56,12 +56,15 @@ class PythonTaskPool {
   explicit PythonTaskPool(int num_threads) : pool_(num_threads) {}
   ~PythonTaskPool() { close(); }
 
-  // Queues function(argument, worker_index); returns the task's id.
-  int64_t submit(nb::object function, nb::object argument) {
+  // Queues function(argument, worker_index) for any thread, or for thread
+  // `worker` alone (>= 0: run before any shared task); returns the task's id.
+  int64_t submit(nb::object function, nb::object argument, int worker) {
     auto call = std::make_shared<PythonCall>();
     call->function = std::move(function);
     call->argument = std::move(argument);
-    const int64_t id = pool_.submit([call](int worker) { run_call(*call, worker); });
+    TaskPool::Task task = [call](int thread) { run_call(*call, thread); };
+    const int64_t id =
+        worker < 0 ? pool_.submit(std::move(task)) : pool_.submit_to(worker, std::move(task));
     calls_.emplace(id, std::move(call));
     return id;
   }
@@ -128,7 +131,9 @@ void bind_python_tasks(nb::module_& m) {
                              "Native threads that call Python functions (worker_mode='thread').")
       .def(nb::init<int>(), nb::arg("num_threads"))
       .def("submit", &PythonTaskPool::submit, nb::arg("function"), nb::arg("argument"),
-           "Queues function(argument, worker_index); returns the task's id.")
+           nb::arg("worker") = -1,
+           "Queues function(argument, worker_index) for any thread, or for thread `worker` "
+           "alone (run before any shared task); returns the task's id.")
       .def("result", &PythonTaskPool::result, nb::arg("id"), nb::arg("timeout") = 0.0,
            "The task's return value, or its exception re-raised.")
       .def("close", &PythonTaskPool::close);

@@ -5,7 +5,9 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "leanloader/core/error.h"
 
@@ -16,6 +18,7 @@ struct TaskPool::Queue {
   std::condition_variable work_ready;
   std::condition_variable task_done;
   std::deque<std::pair<int64_t, Task>> pending;
+  std::vector<std::deque<std::pair<int64_t, Task>>> pinned;  // one queue per thread
   std::set<int64_t> finished;
   // What a task let escape, against its contract, rethrown by wait(); and a
   // failure to record a completion at all (no memory), rethrown by every
@@ -36,10 +39,13 @@ class TaskPool::Worker final : public Job {
       std::pair<int64_t, Task> task;
       {
         std::unique_lock lock(queue_->mutex);
-        queue_->work_ready.wait(lock, [&] { return queue_->stopping || !queue_->pending.empty(); });
+        auto& own = queue_->pinned[static_cast<size_t>(worker)];
+        queue_->work_ready.wait(
+            lock, [&] { return queue_->stopping || !own.empty() || !queue_->pending.empty(); });
         if (queue_->stopping) return;
-        task = std::move(queue_->pending.front());
-        queue_->pending.pop_front();
+        auto& from = own.empty() ? queue_->pending : own;
+        task = std::move(from.front());
+        from.pop_front();
       }
       std::exception_ptr escaped;
       try {
@@ -76,6 +82,7 @@ class TaskPool::Worker final : public Job {
 };
 
 TaskPool::TaskPool(int num_threads) : queue_(std::make_shared<Queue>()), executor_(num_threads) {
+  queue_->pinned.resize(static_cast<size_t>(executor_.num_threads()));
   executor_.run(std::make_shared<Worker>(queue_));
 }
 
@@ -87,6 +94,20 @@ int64_t TaskPool::submit(Task task) {
   const int64_t id = next_id_++;
   queue_->pending.emplace_back(id, std::move(task));
   queue_->work_ready.notify_one();
+  return id;
+}
+
+int64_t TaskPool::submit_to(int worker, Task task) {
+  if (worker < 0 || worker >= num_threads()) {
+    throw InvalidArgument("no worker thread " + std::to_string(worker) + " in a pool of " +
+                          std::to_string(num_threads()));
+  }
+  std::lock_guard lock(queue_->mutex);
+  if (queue_->stopping) throw Error("the thread pool is closed");
+  const int64_t id = next_id_++;
+  queue_->pinned[static_cast<size_t>(worker)].emplace_back(id, std::move(task));
+  queue_->work_ready
+      .notify_all();  // the one thread that may take it is not the one notify_one picks
   return id;
 }
 
@@ -112,6 +133,10 @@ std::deque<TaskPool::Task> TaskPool::close(std::chrono::milliseconds deadline) {
   std::deque<Task> unstarted;
   std::lock_guard lock(queue_->mutex);
   queue_->stopping = true;
+  for (auto& own : queue_->pinned) {
+    for (auto& entry : own) unstarted.push_back(std::move(entry.second));
+    own.clear();
+  }
   for (auto& entry : queue_->pending) unstarted.push_back(std::move(entry.second));
   queue_->pending.clear();
   queue_->finished.clear();

@@ -10,11 +10,13 @@ Datasets are module-level classes so that spawned workers can import them.
 
 from __future__ import annotations
 
+import functools
 import gc
 import multiprocessing
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import warnings
@@ -34,6 +36,7 @@ from torch.utils.data import (  # noqa: E402
 
 import leanloader as ll  # noqa: E402
 from leanloader.dataloader.single_iter import SingleProcessIterator  # noqa: E402
+from processes import alive  # noqa: E402
 
 # --- datasets -------------------------------------------------------------------------------
 
@@ -373,18 +376,10 @@ def test_nested_tensor_batches():
 def _wait_gone(pids, seconds=5.0):
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        if not any(_alive(p) for p in pids):
+        if not any(alive(p) for p in pids):
             return True
         time.sleep(0.05)
     return False
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(") ")[1][0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_deleting_iterator_and_loader_ends_workers_without_gc():
@@ -395,7 +390,7 @@ def test_deleting_iterator_and_loader_ends_workers_without_gc():
         next(iterator)
         pids = [w.pid for w in iterator._workers]
         del iterator
-        assert all(_alive(p) for p in pids)  # persistent: the loader keeps them (as torch)
+        assert all(alive(p) for p in pids)  # persistent: the loader keeps them (as torch)
         del loader
         assert _wait_gone(pids), "persistent workers outlived their loader"
 
@@ -519,7 +514,8 @@ def test_thread_workers_have_worker_info_init_and_torchs_order(persistent):
         want = list(theirs)
         assert [b[:, 0].tolist() for b in got] == [b[:, 0].tolist() for b in want]
         rows = torch.cat(got)
-        assert set(rows[:, 1].tolist()) <= {0, 1}
+        # batch i is worker i % 2's, as torch deals them
+        assert [set(b[:, 1].tolist()) for b in got] == [{i % 2} for i in range(len(got))]
         assert set(rows[:, 2].tolist()) == {2}
         for row in rows.tolist():  # seed = base seed + worker id, one base seed for all
             assert row[3] - row[1] == rows[0, 3] - rows[0, 1]
@@ -527,6 +523,68 @@ def test_thread_workers_have_worker_info_init_and_torchs_order(persistent):
         assert set(THREAD_INITS.values()) <= {1 if persistent else epoch + 1}
     assert get_worker_info() is None  # the main thread is no worker
     ours.close()
+
+
+def _mark_init(directory: Path, worker_id: int) -> None:
+    info = get_worker_info()  # a file per call (thread idents are reused)
+    os.close(tempfile.mkstemp(dir=directory, prefix=f"{worker_id}-{info.id}-")[0])
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_every_thread_worker_runs_its_init_even_without_a_sample_as_torch(tmp_path, persistent):
+    """One batch, two workers: torch's second worker process takes no batch
+    and still runs worker_init_fn; so does our second thread."""
+    kwargs = dict(batch_size=16, num_workers=2, persistent_workers=persistent)
+
+    def torchs(init):
+        return _torch(Numbers(16), worker_init_fn=init, **kwargs)
+
+    def ours(init):
+        return ll.DataLoader(Numbers(16), worker_mode="thread", worker_init_fn=init, **kwargs)
+
+    for name, make in [("torch", torchs), ("ours", ours)]:
+        directory = tmp_path / name
+        directory.mkdir()
+        loader = make(functools.partial(_mark_init, directory))
+        for _ in range(2):
+            assert [b[:, 0].tolist() for b in loader] == [list(range(16))]
+        calls = sorted(path.name.split("-")[:2] for path in directory.iterdir())
+        once_each = [["0", "0"], ["1", "1"]]
+        assert calls == (once_each if persistent else sorted(once_each * 2)), name
+
+
+def _fail_init_of_worker_one(worker_id: int) -> None:
+    if worker_id == 1:
+        raise ValueError("worker 1 cannot start")
+
+
+def test_a_failed_thread_worker_init_fails_that_workers_batches_as_torch():
+    """torch deals batches round-robin; a worker whose init failed hands the
+    init's error to its first batch and fails every later one (it has no
+    fetcher), while the other workers' batches arrive."""
+    kwargs = dict(batch_size=2, num_workers=2, worker_init_fn=_fail_init_of_worker_one)
+    outcomes = []
+    for loader in (
+        _torch(Numbers(8), **kwargs),
+        ll.DataLoader(Numbers(8), worker_mode="thread", **kwargs),
+    ):
+        got = []
+        iterator = iter(loader)
+        for _ in range(len(loader)):
+            try:
+                got.append(next(iterator)[:, 0].tolist())
+            except Exception as error:
+                got.append(type(error))
+                if len(got) == 2:  # the first failure carries the init's own error
+                    assert isinstance(error, ValueError) and "worker 1 cannot start" in str(error)
+        with pytest.raises(StopIteration):
+            next(iterator)
+        outcomes.append(got)
+    theirs, ours = outcomes
+    assert theirs[0] == ours[0] == [0, 1] and theirs[2] == ours[2] == [4, 5]
+    assert theirs[1] is ours[1] is ValueError
+    assert theirs[3] is UnboundLocalError  # torch's accident; ours names the cause
+    assert ours[3] is RuntimeError
 
 
 # --- 12. a script without a main guard ------------------------------------------------------------

@@ -34,8 +34,16 @@ class TaskPool {
 
   int num_threads() const noexcept { return executor_.num_threads(); }
 
-  // Queues `task`; returns its id. Throws Error once the pool is closed.
+  // Queues `task` for whichever thread is free first; returns its id.
+  // Throws Error once the pool is closed.
   int64_t submit(Task task);
+
+  // Queues `task` for thread `worker` alone, which runs its own tasks before
+  // any shared one (a worker's setup, such as its worker_init_fn, comes
+  // before its first sample, and runs whether or not that thread would have
+  // taken a shared task at all). Throws InvalidArgument for a thread the
+  // pool does not have, Error once the pool is closed.
+  int64_t submit_to(int worker, Task task);
 
   // Waits up to `timeout` for task `id` to finish. True when it has; its
   // completion is then forgotten (wait once per id). A task that threw,

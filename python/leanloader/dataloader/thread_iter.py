@@ -2,8 +2,9 @@
 
 Each thread is a worker as torch's processes are: worker i has its
 ``get_worker_info()`` (id, num_workers, seed = base seed + i, the dataset)
-and runs ``worker_init_fn(i)`` before its first sample of a pass
-(non-persistent) or of the iterator's life (``persistent_workers=True``).
+and runs ``worker_init_fn(i)`` on its own thread before its first sample, once
+per pass (non-persistent) or once in the iterator's life
+(``persistent_workers=True``), whether or not it then takes a sample.
 The base seed is drawn from the generator when torch draws it: every pass,
 or once with persistent workers. What threads cannot have is a random state
 of their own: ``random``, ``numpy.random`` and torch's global generator are
@@ -53,8 +54,10 @@ def _thread_aware_worker_info() -> None:
 
 class ThreadWorkers:
     """What the worker threads of one set share: the dataset, collate_fn,
-    each worker's info and whether its init function ran. Holds no loader
-    and no iterator (a queued task held by C++ must not form a cycle)."""
+    each worker's info and the error its init function raised, if any (each
+    entry is touched by that worker's thread only). Holds
+    no loader and no iterator (a queued task held by C++ must not form a
+    cycle)."""
 
     def __init__(self, loader: DataLoader, base_seed: int) -> None:
         from torch.utils.data._utils.worker import WorkerInfo
@@ -68,23 +71,47 @@ class ThreadWorkers:
             WorkerInfo(id=i, num_workers=n, seed=base_seed + i, dataset=self.dataset)
             for i in range(n)
         ]
-        self.started = [False] * n
-        self.lock = threading.Lock()
+        self.init_errors: list[Exception | None] = [None] * n
+        self.init_error_reported = [False] * n
+
+    def start(self, pool: Any) -> None:
+        """Queues worker_init_fn(i) on thread i, ahead of its samples: every
+        worker runs it once, as each of torch's worker processes does,
+        including a worker that ends up with no batch."""
+        if self.worker_init_fn is not None:
+            for worker in range(len(self.infos)):
+                pool.submit(_init_in_thread, self, worker=worker)
 
     def enter(self, worker: int) -> None:
         _THREAD_INFO.info = self.infos[worker]
-        if not self.started[worker]:
-            with self.lock:
-                first = not self.started[worker]
-                self.started[worker] = True
-            if first and self.worker_init_fn is not None:
-                self.worker_init_fn(worker)
+        error = self.init_errors[worker]
+        if error is None:
+            return
+        # torch's worker loop hands a failed init's error to that worker's
+        # first task, and every later task of that worker fails too (it has
+        # no fetcher): the worker loads nothing.
+        if not self.init_error_reported[worker]:
+            self.init_error_reported[worker] = True
+            raise error
+        raise RuntimeError(
+            f"DataLoader worker {worker} did not start: its worker_init_fn raised {error!r}"
+        ) from error
+
+
+def _init_in_thread(workers: ThreadWorkers, worker: int) -> None:
+    _THREAD_INFO.info = workers.infos[worker]
+    try:
+        workers.worker_init_fn(worker)
+    except Exception as error:
+        workers.init_errors[worker] = error
+    finally:
+        _THREAD_INFO.info = None
 
 
 def _fetch_in_thread(task: tuple[ThreadWorkers, Any], worker: int) -> Any:
     workers, index = task
-    workers.enter(worker)
     try:
+        workers.enter(worker)
         if workers.auto_collation:
             return workers.collate_fn([workers.dataset[i] for i in index])
         return workers.collate_fn(workers.dataset[index])
@@ -111,7 +138,9 @@ class ThreadIterator:
         self._base_seed = draw_base_seed(loader.generator)
         self._workers = ThreadWorkers(loader, self._base_seed)
         self._pool = _core.PythonTaskPool(loader.num_workers)
+        self._workers.start(self._pool)
         self._pending: list[int] = []
+        self._sent = 0  # batches of the pass handed out: batch i goes to worker i % n
         self.alive = True
         self._prime()
 
@@ -124,6 +153,7 @@ class ThreadIterator:
             except Exception:
                 pass  # a sample of the pass left early
         self._pending = []
+        self._sent = 0
         self._index_sampler = loader._index_sampler
         self._sampler_iter = iter(self._index_sampler)
         self._prime()
@@ -137,7 +167,14 @@ class ThreadIterator:
             index = next(self._sampler_iter)
         except StopIteration:
             return
-        self._pending.append(self._pool.submit(_fetch_in_thread, (self._workers, index)))
+        # Round-robin, as torch's _try_put_index deals a pass's batches to its
+        # workers: batch i is worker (i % num_workers)'s, with that worker's
+        # info and seed, whatever the threads' timing.
+        worker = self._sent % self._num_workers
+        self._sent += 1
+        self._pending.append(
+            self._pool.submit(_fetch_in_thread, (self._workers, index), worker=worker)
+        )
 
     def __iter__(self) -> ThreadIterator:
         return self

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <mutex>
 #include <set>
 #include <thread>
 #include <vector>
@@ -75,6 +76,74 @@ TEST(TaskPool, CloseHandsBackTasksThatNeverStarted) {
   EXPECT_EQ(unstarted.size(), 5u);
   EXPECT_THROW(pool.submit([](int) {}), Error);
   EXPECT_TRUE(pool.close().empty());  // idempotent
+}
+
+TEST(TaskPool, APinnedTaskRunsOnItsThreadBeforeTheSharedTasksQueuedEarlier) {
+  TaskPool pool(2);
+  std::atomic<int> started{0};
+  std::atomic<bool> release{false};
+  for (int i = 0; i < 2; ++i) {  // both threads busy
+    pool.submit([&](int) {
+      ++started;
+      while (!release) std::this_thread::sleep_for(milliseconds(1));
+    });
+  }
+  while (started < 2) std::this_thread::sleep_for(milliseconds(1));
+  std::mutex mutex;
+  std::vector<std::vector<int>> order(2);  // per thread: -1 pinned, else the shared task
+  std::vector<int64_t> ids;
+  for (int i = 0; i < 6; ++i) {
+    ids.push_back(pool.submit([&, i](int worker) {
+      std::lock_guard lock(mutex);
+      order[static_cast<size_t>(worker)].push_back(i);
+    }));
+  }
+  for (int worker = 0; worker < 2; ++worker) {
+    ids.push_back(pool.submit_to(worker, [&, worker](int ran_on) {
+      EXPECT_EQ(ran_on, worker);
+      std::lock_guard lock(mutex);
+      order[static_cast<size_t>(ran_on)].push_back(-1);
+    }));
+  }
+  release = true;
+  for (const int64_t id : ids) ASSERT_TRUE(pool.wait(id, milliseconds(5000)));
+  for (const auto& ran : order) {
+    ASSERT_FALSE(ran.empty());
+    EXPECT_EQ(ran.front(), -1);  // each thread ran its own task before any shared one
+  }
+}
+
+TEST(TaskPool, EveryThreadRunsItsPinnedTaskEvenWithNoSharedWork) {
+  TaskPool pool(3);
+  std::vector<std::atomic<int>> ran_on(3);
+  for (auto& worker : ran_on) worker = -1;
+  std::vector<int64_t> ids;
+  for (int worker = 0; worker < 3; ++worker) {
+    ids.push_back(pool.submit_to(
+        worker, [&, worker](int thread) { ran_on[static_cast<size_t>(worker)] = thread; }));
+  }
+  for (const int64_t id : ids) ASSERT_TRUE(pool.wait(id, milliseconds(5000)));
+  for (int worker = 0; worker < 3; ++worker) {
+    EXPECT_EQ(ran_on[static_cast<size_t>(worker)].load(), worker);
+  }
+  EXPECT_THROW(pool.submit_to(3, [](int) {}), InvalidArgument);
+  EXPECT_THROW(pool.submit_to(-1, [](int) {}), InvalidArgument);
+}
+
+TEST(TaskPool, CloseHandsBackPinnedTasksThatNeverStarted) {
+  TaskPool pool(1);
+  std::atomic<bool> started{false};
+  std::atomic<bool> release{false};
+  pool.submit([&](int) {
+    started = true;
+    while (!release) std::this_thread::sleep_for(milliseconds(1));
+  });
+  while (!started) std::this_thread::sleep_for(milliseconds(1));
+  pool.submit_to(0, [](int) {});
+  pool.submit([](int) {});
+  release = true;
+  EXPECT_EQ(pool.close().size(), 2u);
+  EXPECT_THROW(pool.submit_to(0, [](int) {}), Error);
 }
 
 }  // namespace
