@@ -42,12 +42,15 @@ size_t streaming_batch_bytes() noexcept;
 // not overlap.
 void copy_with_streaming_stores(void* dst, const void* src, size_t bytes) noexcept;
 
-// Asks the CPU to start loading the first 4 KiB of [src, src + bytes) into
-// its cache (prefetch instructions: no fault, no system call; an address
-// that is not mapped is ignored). Measured on 4 KiB rows of a shuffled pass
-// hinted one row ahead (Source::will_read), 2 threads, no consumer, 5
-// alternating pairs: 1.31 -> 1.39 million rows/s (+6%); 64 KiB rows: no
-// difference.
+// Asks the CPU to start loading the first 512 bytes of [src, src + bytes)
+// into its cache (prefetch instructions: no fault, no system call; an
+// address that is not mapped is ignored). Measured on 4 KiB rows of a
+// shuffled pass hinted one row ahead (Source::will_read), 2 threads: on the
+// AMD VM, no consumer, the first 4 KiB against none: 1.31 -> 1.39 million
+// rows/s (+6%); on the Xeon host, `bench arrays --only leanloader-4KiB`
+// (the consumer reads every byte), 3 alternating pairs each: none 45-46% of
+// memcpy, 4 KiB 46-48%, 128-256 bytes 52-53%, 512 bytes 52-54%, 1 KiB 51%.
+// 64 KiB and 256 KiB rows: no difference (72-78% either way).
 void prefetch_for_copy(const void* src, size_t bytes) noexcept;
 
 // copy_with_streaming_stores or memcpy, as `stores` says.
