@@ -74,13 +74,15 @@ class ThreadWorkers:
         self.init_errors: list[Exception | None] = [None] * n
         self.init_error_reported = [False] * n
 
-    def start(self, pool: Any) -> None:
+    def start(self, pool: Any) -> list[int]:
         """Queues worker_init_fn(i) on thread i, ahead of its samples: every
         worker runs it once, as each of torch's worker processes does,
-        including a worker that ends up with no batch."""
-        if self.worker_init_fn is not None:
-            for worker in range(len(self.infos)):
-                pool.submit(_init_in_thread, self, worker=worker)
+        including a worker that ends up with no batch. Returns the tasks."""
+        if self.worker_init_fn is None:
+            return []
+        return [
+            pool.submit(_init_in_thread, self, worker=worker) for worker in range(len(self.infos))
+        ]
 
     def enter(self, worker: int) -> None:
         _THREAD_INFO.info = self.infos[worker]
@@ -138,7 +140,7 @@ class ThreadIterator:
         self._base_seed = draw_base_seed(loader.generator)
         self._workers = ThreadWorkers(loader, self._base_seed)
         self._pool = _core.PythonTaskPool(loader.num_workers)
-        self._workers.start(self._pool)
+        self._init_tasks = self._workers.start(self._pool)
         self._pending: list[int] = []
         self._sent = 0  # batches of the pass handed out: batch i goes to worker i % n
         self.alive = True
@@ -186,6 +188,12 @@ class ThreadIterator:
         if not self.alive:
             raise RuntimeError("this DataLoader iterator was shut down")
         if not self._pending:
+            # A pass ends with every worker's init run, as torch's workers
+            # each run theirs before their first task: a worker that got no
+            # batch may not have reached it yet.
+            for task in self._init_tasks:
+                self._pool.result(task, timeout=self._timeout)
+            self._init_tasks = []
             raise StopIteration
         task = self._pending.pop(0)
         try:
