@@ -62,7 +62,7 @@ class PythonTaskPool {
     auto call = std::make_shared<PythonCall>();
     call->function = std::move(function);
     call->argument = std::move(argument);
-    TaskPool::Task task = [call](int thread) { run_call(*call, thread); };
+    TaskPool::Task task = [call](int ran_on) { run_call(*call, ran_on); };
     const int64_t id =
         worker < 0 ? pool_.submit(std::move(task)) : pool_.submit_to(worker, std::move(task));
     calls_.emplace(id, std::move(call));

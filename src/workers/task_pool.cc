@@ -106,8 +106,10 @@ int64_t TaskPool::submit_to(int worker, Task task) {
   if (queue_->stopping) throw Error("the thread pool is closed");
   const int64_t id = next_id_++;
   queue_->pinned[static_cast<size_t>(worker)].emplace_back(id, std::move(task));
-  queue_->work_ready
-      .notify_all();  // the one thread that may take it is not the one notify_one picks
+  // Every thread wakes: notify_one might wake another than the one that may
+  // take it. (The others go back to sleep; with a handful of threads that
+  // costs less than a condition variable per thread would complicate.)
+  queue_->work_ready.notify_all();
   return id;
 }
 

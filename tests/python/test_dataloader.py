@@ -37,7 +37,7 @@ import leanloader as ll  # noqa: E402
 from leanloader import _core  # noqa: E402
 from leanloader.dataloader import batch_template, segments  # noqa: E402
 from leanloader.memory import process_tree_memory  # noqa: E402
-from processes import alive  # noqa: E402
+from processes import alive, wait_gone  # noqa: E402
 
 # --- datasets -------------------------------------------------------------------------------
 
@@ -1151,8 +1151,7 @@ def test_ctrl_c_stops_every_worker_cleanly():
     assert child.returncode != 0
     assert stderr.count("KeyboardInterrupt") == 1, stderr
     assert "Fatal Python error" not in stderr
-    time.sleep(0.2)
-    assert not any(alive(p) for p in workers)
+    assert wait_gone(workers)
 
 
 # --- memory -----------------------------------------------------------------------------------

@@ -18,7 +18,6 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 import warnings
 from pathlib import Path
 
@@ -36,7 +35,7 @@ from torch.utils.data import (  # noqa: E402
 
 import leanloader as ll  # noqa: E402
 from leanloader.dataloader.single_iter import SingleProcessIterator  # noqa: E402
-from processes import alive  # noqa: E402
+from processes import alive, wait_gone  # noqa: E402
 
 # --- datasets -------------------------------------------------------------------------------
 
@@ -373,15 +372,6 @@ def test_nested_tensor_batches():
 # --- 7. worker lifetime without the garbage collector ----------------------------------------
 
 
-def _wait_gone(pids, seconds=5.0):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if not any(alive(p) for p in pids):
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def test_deleting_iterator_and_loader_ends_workers_without_gc():
     gc.disable()
     try:
@@ -392,14 +382,14 @@ def test_deleting_iterator_and_loader_ends_workers_without_gc():
         del iterator
         assert all(alive(p) for p in pids)  # persistent: the loader keeps them (as torch)
         del loader
-        assert _wait_gone(pids), "persistent workers outlived their loader"
+        assert wait_gone(pids), "persistent workers outlived their loader"
 
         loader = ll.DataLoader(Numbers(), batch_size=2, num_workers=2)
         iterator = iter(loader)
         next(iterator)
         pids = [w.pid for w in iterator._workers]
         del iterator
-        assert _wait_gone(pids), "workers outlived their iterator"
+        assert wait_gone(pids), "workers outlived their iterator"
     finally:
         gc.enable()
 
@@ -520,7 +510,9 @@ def test_thread_workers_have_worker_info_init_and_torchs_order(persistent):
         for row in rows.tolist():  # seed = base seed + worker id, one base seed for all
             assert row[3] - row[1] == rows[0, 3] - rows[0, 1]
         # init ran once per worker per epoch (non-persistent) or once in all
-        assert set(THREAD_INITS.values()) <= {1 if persistent else epoch + 1}
+        assert THREAD_INITS == dict.fromkeys((0, 1), 1 if persistent else epoch + 1)
+        # each batch saw its worker's init done (this pass's, unless persistent)
+        assert set(rows[:, 4].tolist()) == {1 if persistent else epoch + 1}
     assert get_worker_info() is None  # the main thread is no worker
     ours.close()
 
@@ -558,33 +550,49 @@ def _fail_init_of_worker_one(worker_id: int) -> None:
         raise ValueError("worker 1 cannot start")
 
 
-def test_a_failed_thread_worker_init_fails_that_workers_batches_as_torch():
+def _outcomes(iterator, batches):
+    """Each batch's first column, or the type of what next() raised."""
+    got = []
+    for _ in range(batches):
+        try:
+            got.append(next(iterator)[:, 0].tolist())
+        except Exception as error:
+            got.append(type(error))
+            if len(got) == 2:  # the first failure carries the init's own error
+                assert isinstance(error, ValueError) and "worker 1 cannot start" in str(error)
+    with pytest.raises(StopIteration):
+        next(iterator)
+    return got
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_failed_worker_init_fails_that_workers_batches_as_torch(persistent, mode):
     """torch deals batches round-robin; a worker whose init failed hands the
-    init's error to its first batch and fails every later one (it has no
-    fetcher), while the other workers' batches arrive."""
-    kwargs = dict(batch_size=2, num_workers=2, worker_init_fn=_fail_init_of_worker_one)
+    init's error to its first batch and fails every later one of the pass
+    (it has no fetcher), while the other workers' batches arrive. A
+    persistent worker rebuilds its fetcher for the next pass and loads."""
+    kwargs = dict(batch_size=2, num_workers=2, worker_init_fn=_fail_init_of_worker_one,
+                  persistent_workers=persistent)  # fmt: skip
     outcomes = []
     for loader in (
         _torch(Numbers(8), **kwargs),
-        ll.DataLoader(Numbers(8), worker_mode="thread", **kwargs),
+        ll.DataLoader(Numbers(8), worker_mode=mode, **kwargs),
     ):
-        got = []
-        iterator = iter(loader)
-        for _ in range(len(loader)):
-            try:
-                got.append(next(iterator)[:, 0].tolist())
-            except Exception as error:
-                got.append(type(error))
-                if len(got) == 2:  # the first failure carries the init's own error
-                    assert isinstance(error, ValueError) and "worker 1 cannot start" in str(error)
-        with pytest.raises(StopIteration):
-            next(iterator)
-        outcomes.append(got)
+        outcomes.append([_outcomes(iter(loader), len(loader)) for _ in range(2)])
+        if persistent:
+            loader._iterator._shutdown_workers()
     theirs, ours = outcomes
-    assert theirs[0] == ours[0] == [0, 1] and theirs[2] == ours[2] == [4, 5]
-    assert theirs[1] is ours[1] is ValueError
-    assert theirs[3] is UnboundLocalError  # torch's accident; ours names the cause
-    assert ours[3] is RuntimeError
+    for epoch in range(2):
+        if persistent and epoch == 1:
+            assert theirs[1] == ours[1] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+            continue
+        assert theirs[epoch][0] == ours[epoch][0] == [0, 1]
+        assert theirs[epoch][2] == ours[epoch][2] == [4, 5]
+        assert theirs[epoch][1] is ours[epoch][1] is ValueError
+        assert theirs[epoch][3] is UnboundLocalError  # torch's accident; ours names the cause
+        # threads: a RuntimeError naming the init's error; processes: that error again
+        assert ours[epoch][3] is (RuntimeError if mode == "thread" else ValueError)
 
 
 # --- 12. a script without a main guard ------------------------------------------------------------

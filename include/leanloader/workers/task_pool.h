@@ -34,14 +34,15 @@ class TaskPool {
 
   int num_threads() const noexcept { return executor_.num_threads(); }
 
-  // Queues `task` for whichever thread is free first; returns its id.
-  // Throws Error once the pool is closed.
+  // Queues `task` for any thread: the first that is free and has no pinned
+  // task waiting takes it (shared tasks wait while every thread has pinned
+  // work). Returns its id. Throws Error once the pool is closed.
   int64_t submit(Task task);
 
-  // Queues `task` for thread `worker` alone, which runs its own tasks before
-  // any shared one (a worker's setup, such as its worker_init_fn, comes
-  // before its first sample, and runs whether or not that thread would have
-  // taken a shared task at all). Throws InvalidArgument for a thread the
+  // Queues `task` for thread `worker` alone, which runs its pinned tasks in
+  // the order they were queued and before any shared one (a DataLoader
+  // worker's worker_init_fn comes before its batches, and runs whether or
+  // not that worker gets a batch). Throws InvalidArgument for a thread the
   // pool does not have, Error once the pool is closed.
   int64_t submit_to(int worker, Task task);
 

@@ -16,6 +16,7 @@ generator from ``get_worker_info().seed``.
 from __future__ import annotations
 
 import threading
+import traceback
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -54,10 +55,10 @@ def _thread_aware_worker_info() -> None:
 
 class ThreadWorkers:
     """What the worker threads of one set share: the dataset, collate_fn,
-    each worker's info and the error its init function raised, if any (each
-    entry is touched by that worker's thread only). Holds
-    no loader and no iterator (a queued task held by C++ must not form a
-    cycle)."""
+    each worker's info and the error its init function raised, if any (an
+    entry is touched by that worker's thread, and between passes by the
+    main thread). Holds no loader and no iterator (a queued task held by C++
+    must not form a cycle)."""
 
     def __init__(self, loader: DataLoader, base_seed: int) -> None:
         from torch.utils.data._utils.worker import WorkerInfo
@@ -77,12 +78,21 @@ class ThreadWorkers:
     def start(self, pool: Any) -> list[int]:
         """Queues worker_init_fn(i) on thread i, ahead of its samples: every
         worker runs it once, as each of torch's worker processes does,
-        including a worker that ends up with no batch. Returns the tasks."""
+        including a worker that ends up with no batch. Returns the task ids."""
         if self.worker_init_fn is None:
             return []
         return [
             pool.submit(_init_in_thread, self, worker=worker) for worker in range(len(self.infos))
         ]
+
+    def resume(self) -> None:
+        """A new pass of persistent workers: a worker whose failed init was
+        reported loads again, as torch's worker rebuilds its fetcher on
+        _ResumeIteration; one not yet reported still fails its next batch."""
+        for worker, reported in enumerate(self.init_error_reported):
+            if reported:
+                self.init_errors[worker] = None
+                self.init_error_reported[worker] = False
 
     def enter(self, worker: int) -> None:
         _THREAD_INFO.info = self.infos[worker]
@@ -105,6 +115,12 @@ def _init_in_thread(workers: ThreadWorkers, worker: int) -> None:
     try:
         workers.worker_init_fn(worker)
     except Exception as error:
+        # Kept with its traceback as text, not frames (they hold `workers`:
+        # a cycle that would keep the dataset until the garbage collector
+        # ran), as torch's ExceptionWrapper keeps the text only.
+        where = "".join(traceback.format_exception(error))
+        error.__traceback__ = None
+        error.add_note(f"raised by worker_init_fn in DataLoader worker thread {worker}:\n{where}")
         workers.init_errors[worker] = error
     finally:
         _THREAD_INFO.info = None
@@ -156,6 +172,7 @@ class ThreadIterator:
                 pass  # a sample of the pass left early
         self._pending = []
         self._sent = 0
+        self._workers.resume()
         self._index_sampler = loader._index_sampler
         self._sampler_iter = iter(self._index_sampler)
         self._prime()
@@ -188,12 +205,14 @@ class ThreadIterator:
         if not self.alive:
             raise RuntimeError("this DataLoader iterator was shut down")
         if not self._pending:
-            # A pass ends with every worker's init run, as torch's workers
-            # each run theirs before their first task: a worker that got no
-            # batch may not have reached it yet.
-            for task in self._init_tasks:
-                self._pool.result(task, timeout=self._timeout)
-            self._init_tasks = []
+            # leanloader's guarantee: a pass ends with every worker's init
+            # run (torch's worker processes each run theirs when started; a
+            # thread that got no batch may not have reached it yet). Claimed
+            # one by one, so a timeout or Ctrl-C here leaves the rest to wait
+            # for at the next call.
+            while self._init_tasks:
+                self._pool.result(self._init_tasks[0], timeout=self._timeout)
+                self._init_tasks.pop(0)
             raise StopIteration
         task = self._pending.pop(0)
         try:

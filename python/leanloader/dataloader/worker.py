@@ -264,6 +264,8 @@ def worker_main(
     torch.set_num_threads(1)
     torch_names = torch_dtype_names()
     init_error: dict[str, Any] | None = None
+    init_error_sent = False
+    reached_init = False
     fetcher = None
     streamed: StreamedFetch | None = None
     setup: WorkerSetup | None = None
@@ -289,19 +291,21 @@ def worker_main(
         if setup.collate_fn is default_collate:
             # Stacked straight into the batch's segment (see UncollatedBatch).
             collate = functools.partial(UncollatedBatch, collate=collate, whole=default_collate)
+
+        def make_fetcher() -> Any:
+            return _DatasetKind.create_fetcher(
+                setup.dataset_kind, setup.dataset, setup.auto_collation, collate, setup.drop_last
+            )
+
         if setup.sharding is not None:
             # torch's _sharding_worker_init_fn: ranks first, then workers
             from torch.utils.data.graph_settings import apply_sharding
 
             world_size, rank = setup.sharding
             apply_sharding(setup.dataset, num_workers * world_size, worker_id * world_size + rank)
+        reached_init = True
         if setup.worker_init_fn is not None:
             setup.worker_init_fn(worker_id)
-
-        def make_fetcher() -> Any:
-            return _DatasetKind.create_fetcher(
-                setup.dataset_kind, setup.dataset, setup.auto_collation, collate, setup.drop_last
-            )
 
         fetcher = make_fetcher()
         if (
@@ -332,6 +336,12 @@ def worker_main(
         if message is SHUTDOWN:
             break
         if isinstance(message, Resume):
+            if init_error is not None and init_error_sent and reached_init:
+                # torch's worker builds its fetcher again on _ResumeIteration
+                # even after a failed worker_init_fn: a persistent worker
+                # whose failure was reported loads in the next pass. (A
+                # failure before the init, such as unpickling, stays.)
+                init_error, init_error_sent = None, False
             if init_error is None:
                 try:
                     setup.dataset = _apply_shared_seed(setup.dataset, message.shared_seed)
@@ -350,6 +360,7 @@ def worker_main(
             break
         if init_error is not None:
             results.send(Failed(epoch, task, init_error))
+            init_error_sent = True
             continue
         task_slot = _TaskSlot(slots, tasks, pending, epoch, task, slot)
         streaming = streamed is not None and type(index) in (list, tuple) and len(index) > 0

@@ -4,7 +4,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <memory>
 #include <mutex>
+#include <numeric>
 #include <set>
 #include <thread>
 #include <vector>
@@ -63,21 +65,21 @@ TEST(TaskPool, WaitTimesOutWhileTheTaskRuns) {
 
 TEST(TaskPool, CloseHandsBackTasksThatNeverStartedPinnedOrNot) {
   TaskPool pool(1);
-  std::atomic<bool> started{false};
-  std::atomic<bool> release{false};
-  pool.submit([&](int) {
-    started = true;
-    while (!release) std::this_thread::sleep_for(milliseconds(1));
+  // Shared with the task: past close()'s deadline its thread is let go and
+  // may read them after this test returned.
+  auto started = std::make_shared<std::atomic<bool>>(false);
+  auto release = std::make_shared<std::atomic<bool>>(false);
+  pool.submit([started, release](int) {
+    *started = true;
+    while (!*release) std::this_thread::sleep_for(milliseconds(1));
   });
-  while (!started) std::this_thread::sleep_for(milliseconds(1));
+  while (!*started) std::this_thread::sleep_for(milliseconds(1));
   for (int i = 0; i < 5; ++i) pool.submit([](int) {});
   pool.submit_to(0, [](int) {});
-  // Released only once close() has stopped the thread from taking more.
-  std::jthread releaser([&] {
-    std::this_thread::sleep_for(milliseconds(50));
-    release = true;
-  });
-  const auto unstarted = pool.close();
+  // The busy task outlasts close()'s deadline, so the thread can take
+  // nothing more whatever the timing.
+  const auto unstarted = pool.close(milliseconds(50));
+  *release = true;
   EXPECT_EQ(unstarted.size(), 6u);
   EXPECT_THROW(pool.submit([](int) {}), Error);
   EXPECT_THROW(pool.submit_to(0, [](int) {}), Error);
@@ -132,6 +134,17 @@ TEST(TaskPool, EveryThreadRunsItsPinnedTaskEvenWithNoSharedWork) {
   for (int worker = 0; worker < 3; ++worker) {
     EXPECT_EQ(ran_on[static_cast<size_t>(worker)].load(), worker);
   }
+  // One thread's pinned tasks run in the order they were queued (the
+  // DataLoader's worker_init_fn before its batches, its batches in order).
+  std::vector<int> order;  // touched by thread 1 only, read after the waits
+  ids.clear();
+  for (int i = 0; i < 50; ++i) {
+    ids.push_back(pool.submit_to(1, [&order, i](int) { order.push_back(i); }));
+  }
+  for (const int64_t id : ids) ASSERT_TRUE(pool.wait(id, milliseconds(5000)));
+  std::vector<int> queued(50);
+  std::iota(queued.begin(), queued.end(), 0);
+  EXPECT_EQ(order, queued);
   EXPECT_THROW(pool.submit_to(3, [](int) {}), InvalidArgument);
   EXPECT_THROW(pool.submit_to(-1, [](int) {}), InvalidArgument);
 }
