@@ -87,9 +87,13 @@ TEST(TaskPool, CloseHandsBackTasksThatNeverStartedPinnedOrNot) {
 }
 
 TEST(TaskPool, APinnedTaskRunsOnItsThreadBeforeTheSharedTasksQueuedEarlier) {
-  TaskPool pool(2);
+  // What the tasks touch is declared before the pool, so it outlives the
+  // pool's threads however the test ends.
   std::atomic<int> started{0};
   std::atomic<bool> release{false};
+  std::mutex mutex;
+  std::vector<std::vector<int>> order(2);  // per thread: -1 pinned, else the shared task
+  TaskPool pool(2);
   for (int i = 0; i < 2; ++i) {  // both threads busy
     pool.submit([&](int) {
       ++started;
@@ -97,8 +101,6 @@ TEST(TaskPool, APinnedTaskRunsOnItsThreadBeforeTheSharedTasksQueuedEarlier) {
     });
   }
   while (started < 2) std::this_thread::sleep_for(milliseconds(1));
-  std::mutex mutex;
-  std::vector<std::vector<int>> order(2);  // per thread: -1 pinned, else the shared task
   std::vector<int64_t> ids;
   for (int i = 0; i < 6; ++i) {
     ids.push_back(pool.submit([&, i](int worker) {
@@ -122,9 +124,10 @@ TEST(TaskPool, APinnedTaskRunsOnItsThreadBeforeTheSharedTasksQueuedEarlier) {
 }
 
 TEST(TaskPool, EveryThreadRunsItsPinnedTaskEvenWithNoSharedWork) {
-  TaskPool pool(3);
   std::vector<std::atomic<int>> ran_on(3);
   for (auto& worker : ran_on) worker = -1;
+  std::vector<int> order;  // touched by thread 1 only, read after the waits
+  TaskPool pool(3);        // after what its tasks touch: its threads end first
   std::vector<int64_t> ids;
   for (int worker = 0; worker < 3; ++worker) {
     ids.push_back(pool.submit_to(
@@ -136,7 +139,6 @@ TEST(TaskPool, EveryThreadRunsItsPinnedTaskEvenWithNoSharedWork) {
   }
   // One thread's pinned tasks run in the order they were queued (the
   // DataLoader's worker_init_fn before its batches, its batches in order).
-  std::vector<int> order;  // touched by thread 1 only, read after the waits
   ids.clear();
   for (int i = 0; i < 50; ++i) {
     ids.push_back(pool.submit_to(1, [&order, i](int) { order.push_back(i); }));
