@@ -7,10 +7,12 @@
 // GIL held. The consumer waits with the GIL released, in short slices, so
 // Ctrl-C is seen promptly.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/vector.h>
 
 #include <chrono>
 #include <map>
 #include <memory>
+#include <vector>
 
 #include "bindings.h"
 #include "leanloader/core/error.h"
@@ -51,6 +53,29 @@ void run_call(PythonCall& call, int worker) {
   }
 }
 
+// Calls `poll` (which waits up to kSignalCheckInterval, GIL released) until
+// it returns true; checks for Ctrl-C between calls, and raises TimeoutError
+// after `timeout_s` seconds (<= 0: waits forever).
+template <typename Poll>
+void wait_interruptibly(double timeout_s, Poll poll) {
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(timeout_s));
+  while (true) {
+    bool done = false;
+    {
+      nb::gil_scoped_release release;
+      done = poll();
+    }
+    if (done) return;
+    if (PyErr_CheckSignals() != 0) throw nb::python_error();
+    if (timeout_s > 0 && std::chrono::steady_clock::now() > deadline) {
+      throw TimeoutError("no result from the thread pool within " + std::to_string(timeout_s) +
+                         " s");
+    }
+  }
+}
+
 class PythonTaskPool {
  public:
   explicit PythonTaskPool(int num_threads) : pool_(num_threads) {}
@@ -74,22 +99,7 @@ class PythonTaskPool {
   nb::object result(int64_t id, double timeout_s) {
     auto entry = calls_.find(id);
     if (entry == calls_.end()) throw InvalidArgument("no task " + std::to_string(id));
-    const auto deadline = std::chrono::steady_clock::now() +
-                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                              std::chrono::duration<double>(timeout_s));
-    while (true) {
-      bool done = false;
-      {
-        nb::gil_scoped_release release;
-        done = pool_.wait(id, kSignalCheckInterval);
-      }
-      if (done) break;
-      if (PyErr_CheckSignals() != 0) throw nb::python_error();
-      if (timeout_s > 0 && std::chrono::steady_clock::now() > deadline) {
-        throw TimeoutError("no result from the thread pool within " + std::to_string(timeout_s) +
-                           " s");
-      }
-    }
+    wait_interruptibly(timeout_s, [&] { return pool_.wait(id, kSignalCheckInterval); });
     std::shared_ptr<PythonCall> call = std::move(entry->second);
     calls_.erase(entry);
     if (call->error.is_valid()) {
@@ -97,6 +107,18 @@ class PythonTaskPool {
       throw nb::python_error();
     }
     return std::move(call->value);
+  }
+
+  // The id of the first task of `ids` that has finished (claim its outcome
+  // with result()). Raises TimeoutError after `timeout_s` seconds (<= 0:
+  // wait forever).
+  int64_t wait_any(const std::vector<int64_t>& ids, double timeout_s) {
+    int64_t found = -1;
+    wait_interruptibly(timeout_s, [&] {
+      found = pool_.wait_any(ids, kSignalCheckInterval);
+      return found >= 0;
+    });
+    return found;
   }
 
   // Stops the threads (those inside a call finish it first, up to a
@@ -136,6 +158,8 @@ void bind_python_tasks(nb::module_& m) {
            "alone (run before any shared task); returns the task's id.")
       .def("result", &PythonTaskPool::result, nb::arg("id"), nb::arg("timeout") = 0.0,
            "The task's return value, or its exception re-raised.")
+      .def("wait_any", &PythonTaskPool::wait_any, nb::arg("ids"), nb::arg("timeout") = 0.0,
+           "The id of the first of `ids` whose task has finished (claim it with result()).")
       .def("close", &PythonTaskPool::close);
 }
 

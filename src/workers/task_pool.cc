@@ -130,6 +130,23 @@ bool TaskPool::wait(int64_t id, std::chrono::milliseconds timeout) {
   return done;
 }
 
+int64_t TaskPool::wait_any(std::span<const int64_t> ids, std::chrono::milliseconds timeout) {
+  std::unique_lock lock(queue_->mutex);
+  int64_t found = -1;
+  queue_->task_done.wait_for(lock, timeout, [&] {
+    if (queue_->broken) return true;
+    for (const int64_t id : ids) {
+      if (queue_->finished.count(id) > 0) {
+        found = id;
+        return true;
+      }
+    }
+    return false;
+  });
+  if (queue_->broken) std::rethrow_exception(queue_->broken);
+  return found;
+}
+
 std::deque<TaskPool::Task> TaskPool::close(std::chrono::milliseconds deadline) {
   executor_.shutdown(deadline);
   std::deque<Task> unstarted;

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 import warnings
 from pathlib import Path
 
@@ -543,6 +544,32 @@ def test_every_thread_worker_runs_its_init_even_without_a_sample_as_torch(tmp_pa
         calls = sorted(path.name.split("-")[:2] for path in directory.iterdir())
         once_each = [["0", "0"], ["1", "1"]]
         assert calls == (once_each if persistent else sorted(once_each * 2)), name
+
+
+class SlowFirst(Dataset):
+    """Sample 0 takes a second; the others none."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):
+        if i == 0:
+            time.sleep(1.0)
+        return i
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_in_order_false_returns_the_batches_ready_first_as_torch(mode):
+    kwargs = dict(batch_size=1, num_workers=2)
+    for in_order in (True, False):
+        theirs = [b.tolist() for b in _torch(SlowFirst(), in_order=in_order, **kwargs)]
+        ours = [b.tolist() for b in ll.DataLoader(SlowFirst(), worker_mode=mode,
+                                                   in_order=in_order, **kwargs)]  # fmt: skip
+        assert sorted(theirs) == sorted(ours) == [[i] for i in range(8)]
+        if in_order:
+            assert theirs == ours == [[i] for i in range(8)]
+        else:  # the slow first batch is not waited for
+            assert theirs[0] != [0] and ours[0] != [0], (theirs, ours)
 
 
 def _fail_init_of_worker_one(worker_id: int) -> None:

@@ -18,6 +18,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <span>
 
 #include "leanloader/pipeline/executor.h"
 
@@ -50,6 +51,11 @@ class TaskPool {
   // completion is then forgotten (wait once per id). A task that threw,
   // against the contract, has its exception rethrown here.
   bool wait(int64_t id, std::chrono::milliseconds timeout);
+
+  // Waits up to `timeout` for any task of `ids` to finish; returns the
+  // first of `ids` (in their order) that has, or -1. Its completion is kept:
+  // claim it with wait(). (in_order=False: the first batch ready.)
+  int64_t wait_any(std::span<const int64_t> ids, std::chrono::milliseconds timeout);
 
   // Stops the threads (a task already running finishes first, up to
   // `deadline`) and returns the tasks that never started. Idempotent.

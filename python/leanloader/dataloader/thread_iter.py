@@ -151,14 +151,17 @@ class ThreadIterator:
         self._num_workers = loader.num_workers
         self._depth = loader.prefetch_factor * loader.num_workers
         self._timeout = float(loader.timeout or 0)
+        self._in_order = loader.in_order
         self._index_sampler = loader._index_sampler
         self._sampler_iter = iter(self._index_sampler)
         self._base_seed = draw_base_seed(loader.generator)
         self._workers = ThreadWorkers(loader, self._base_seed)
         self._pool = _core.PythonTaskPool(loader.num_workers)
         self._init_tasks = self._workers.start(self._pool)
-        self._pending: list[int] = []
-        self._sent = 0  # batches of the pass handed out: batch i goes to worker i % n
+        self._pending: list[int] = []  # task ids, in the order the batches were sent
+        self._worker_of: dict[int, int] = {}  # task id -> its worker
+        self._outstanding = [0] * self._num_workers
+        self._next_worker = 0  # torch's _worker_queue_idx_cycle
         self.alive = True
         self._prime()
 
@@ -171,7 +174,9 @@ class ThreadIterator:
             except Exception:
                 pass  # a sample of the pass left early
         self._pending = []
-        self._sent = 0
+        self._worker_of = {}
+        self._outstanding = [0] * self._num_workers
+        self._next_worker = 0  # torch starts the cycle again each pass
         self._workers.resume()
         self._index_sampler = loader._index_sampler
         self._sampler_iter = iter(self._index_sampler)
@@ -186,14 +191,20 @@ class ThreadIterator:
             index = next(self._sampler_iter)
         except StopIteration:
             return
-        # Round-robin, as torch's _try_put_index deals a pass's batches to its
-        # workers: batch i is worker (i % num_workers)'s, with that worker's
-        # info and seed, whatever the threads' timing.
-        worker = self._sent % self._num_workers
-        self._sent += 1
-        self._pending.append(
-            self._pool.submit(_fetch_in_thread, (self._workers, index), worker=worker)
-        )
+        # As torch's _try_put_index deals a pass's batches to its workers:
+        # round-robin (in order, batch i is worker i % num_workers's, with
+        # that worker's info and seed, whatever the threads' timing); with
+        # in_order=False the next worker in the cycle that has fewer than
+        # prefetch_factor batches outstanding.
+        for _ in range(self._num_workers):
+            worker = self._next_worker
+            self._next_worker = (worker + 1) % self._num_workers
+            if self._in_order or self._outstanding[worker] < self._depth // self._num_workers:
+                break
+        task = self._pool.submit(_fetch_in_thread, (self._workers, index), worker=worker)
+        self._pending.append(task)
+        self._worker_of[task] = worker
+        self._outstanding[worker] += 1
 
     def __iter__(self) -> ThreadIterator:
         return self
@@ -214,7 +225,14 @@ class ThreadIterator:
                 self._pool.result(self._init_tasks[0], timeout=self._timeout)
                 self._init_tasks.pop(0)
             raise StopIteration
-        task = self._pending.pop(0)
+        if self._in_order:
+            task = self._pending.pop(0)
+        else:
+            # in_order=False: the first batch ready, as torch's iterator
+            # then returns whatever data arrives first.
+            task = self._pool.wait_any(self._pending, timeout=self._timeout)
+            self._pending.remove(task)
+        self._outstanding[self._worker_of.pop(task)] -= 1
         try:
             return self._pool.result(task, timeout=self._timeout)
         finally:

@@ -151,5 +151,23 @@ TEST(TaskPool, EveryThreadRunsItsPinnedTaskEvenWithNoSharedWork) {
   EXPECT_THROW(pool.submit_to(-1, [](int) {}), InvalidArgument);
 }
 
+TEST(TaskPool, WaitAnyNamesAFinishedTaskAndLeavesItToClaim) {
+  std::atomic<bool> release{false};
+  TaskPool pool(2);  // after what its tasks touch
+  const int64_t slow = pool.submit_to(0, [&](int) {
+    while (!release) std::this_thread::sleep_for(milliseconds(1));
+  });
+  const int64_t fast = pool.submit_to(1, [](int) {});
+  const std::vector<int64_t> both{slow, fast};
+  EXPECT_EQ(pool.wait_any(both, milliseconds(5000)), fast);
+  EXPECT_EQ(pool.wait_any(both, milliseconds(5000)), fast);  // kept until claimed
+  EXPECT_TRUE(pool.wait(fast, milliseconds(0)));
+  const std::vector<int64_t> slow_only{slow};
+  EXPECT_EQ(pool.wait_any(slow_only, milliseconds(20)), -1);  // still running
+  release = true;
+  EXPECT_EQ(pool.wait_any(slow_only, milliseconds(5000)), slow);
+  EXPECT_TRUE(pool.wait(slow, milliseconds(0)));
+}
+
 }  // namespace
 }  // namespace leanloader
