@@ -88,28 +88,30 @@ TaskPool::TaskPool(int num_threads) : queue_(std::make_shared<Queue>()), executo
 
 TaskPool::~TaskPool() { close(); }
 
-int64_t TaskPool::submit(Task task) {
-  std::lock_guard lock(queue_->mutex);
-  if (queue_->stopping) throw Error("the thread pool is closed");
-  const int64_t id = next_id_++;
-  queue_->pending.emplace_back(id, std::move(task));
-  queue_->work_ready.notify_one();
-  return id;
-}
+int64_t TaskPool::submit(Task task) { return enqueue(-1, std::move(task)); }
 
 int64_t TaskPool::submit_to(int worker, Task task) {
   if (worker < 0 || worker >= num_threads()) {
     throw InvalidArgument("no worker thread " + std::to_string(worker) + " in a pool of " +
                           std::to_string(num_threads()));
   }
+  return enqueue(worker, std::move(task));
+}
+
+int64_t TaskPool::enqueue(int worker, Task task) {
   std::lock_guard lock(queue_->mutex);
   if (queue_->stopping) throw Error("the thread pool is closed");
   const int64_t id = next_id_++;
-  queue_->pinned[static_cast<size_t>(worker)].emplace_back(id, std::move(task));
-  // Every thread wakes: notify_one might wake another than the one that may
-  // take it. (The others go back to sleep; with a handful of threads that
-  // costs less than a condition variable per thread would complicate.)
-  queue_->work_ready.notify_all();
+  if (worker < 0) {
+    queue_->pending.emplace_back(id, std::move(task));
+    queue_->work_ready.notify_one();
+  } else {
+    queue_->pinned[static_cast<size_t>(worker)].emplace_back(id, std::move(task));
+    // Every thread wakes: notify_one might wake another than the one that
+    // may take it. (The others go back to sleep; with a handful of threads
+    // that costs less than a condition variable per thread would complicate.)
+    queue_->work_ready.notify_all();
+  }
   return id;
 }
 

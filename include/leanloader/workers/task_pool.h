@@ -65,6 +65,9 @@ class TaskPool {
   struct Queue;
   class Worker;
 
+  // Queues `task` for any thread (worker < 0) or for thread `worker`.
+  int64_t enqueue(int worker, Task task);
+
   std::shared_ptr<Queue> queue_;
   Executor executor_;
   int64_t next_id_ = 0;

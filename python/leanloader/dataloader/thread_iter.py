@@ -149,6 +149,7 @@ class ThreadIterator:
             raise ValueError("worker_mode='thread' supports map-style datasets only")
         _thread_aware_worker_info()
         self._num_workers = loader.num_workers
+        self._prefetch_factor = loader.prefetch_factor
         self._depth = loader.prefetch_factor * loader.num_workers
         self._timeout = float(loader.timeout or 0)
         self._in_order = loader.in_order
@@ -158,9 +159,8 @@ class ThreadIterator:
         self._workers = ThreadWorkers(loader, self._base_seed)
         self._pool = _core.PythonTaskPool(loader.num_workers)
         self._init_tasks = self._workers.start(self._pool)
-        self._pending: list[int] = []  # task ids, in the order the batches were sent
-        self._worker_of: dict[int, int] = {}  # task id -> its worker
-        self._outstanding = [0] * self._num_workers
+        # task id -> its worker, in the order the batches were sent
+        self._pending: dict[int, int] = {}
         self._next_worker = 0  # torch's _worker_queue_idx_cycle
         self.alive = True
         self._prime()
@@ -173,9 +173,7 @@ class ThreadIterator:
                 self._pool.result(task, timeout=self._timeout)
             except Exception:
                 pass  # a sample of the pass left early
-        self._pending = []
-        self._worker_of = {}
-        self._outstanding = [0] * self._num_workers
+        self._pending = {}
         self._next_worker = 0  # torch starts the cycle again each pass
         self._workers.resume()
         self._index_sampler = loader._index_sampler
@@ -196,15 +194,14 @@ class ThreadIterator:
         # that worker's info and seed, whatever the threads' timing); with
         # in_order=False the next worker in the cycle that has fewer than
         # prefetch_factor batches outstanding.
+        outstanding = [] if self._in_order else list(self._pending.values())
         for _ in range(self._num_workers):
             worker = self._next_worker
             self._next_worker = (worker + 1) % self._num_workers
-            if self._in_order or self._outstanding[worker] < self._depth // self._num_workers:
+            if self._in_order or outstanding.count(worker) < self._prefetch_factor:
                 break
         task = self._pool.submit(_fetch_in_thread, (self._workers, index), worker=worker)
-        self._pending.append(task)
-        self._worker_of[task] = worker
-        self._outstanding[worker] += 1
+        self._pending[task] = worker
 
     def __iter__(self) -> ThreadIterator:
         return self
@@ -226,13 +223,12 @@ class ThreadIterator:
                 self._init_tasks.pop(0)
             raise StopIteration
         if self._in_order:
-            task = self._pending.pop(0)
+            task = next(iter(self._pending))
         else:
             # in_order=False: the first batch ready, as torch's iterator
             # then returns whatever data arrives first.
-            task = self._pool.wait_any(self._pending, timeout=self._timeout)
-            self._pending.remove(task)
-        self._outstanding[self._worker_of.pop(task)] -= 1
+            task = self._pool.wait_any(list(self._pending), timeout=self._timeout)
+        del self._pending[task]
         try:
             return self._pool.result(task, timeout=self._timeout)
         finally:
