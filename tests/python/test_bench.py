@@ -530,3 +530,36 @@ def test_demo_ratios_below_a_tenth_keep_two_significant_digits() -> None:
     assert _times(0.09) == "0.09×"
     assert _times(0.79) == "0.79×"
     assert _times(6.6) == "6.60×"
+
+
+def test_goals_show_what_the_yardstick_reaches_in_leanloaders_place() -> None:
+    scenario = get_scenario("arrays")
+    figures = {"samples_per_s": 0.0, "cpu_s_per_1k_samples": 0.0, "fraction_of_memcpy": 0.0}
+    results = [
+        {"loader": "leanloader", **figures, "samples_per_s": 300.0, "cpu_s_per_1k_samples": 0.6,
+         "fraction_of_memcpy": 0.7},
+        {"loader": "torchdata", **figures, "samples_per_s": 100.0, "cpu_s_per_1k_samples": 1.0},
+        {"loader": "copy-and-read", **figures, "samples_per_s": 250.0,
+         "cpu_s_per_1k_samples": 0.55, "fraction_of_memcpy": 0.65},
+    ]  # fmt: skip
+    ratios = {
+        "leanloader/torchdata": {"samples_per_s": 3.0, "cpu_s_per_1k_samples": 0.6},
+        "leanloader/torch": {"first_batch_s": 0.1},
+    }
+    checked = harness._check_goals(scenario.goals, results, ratios)
+    goals = {goal["goal"]: goal for goal in checked}
+    cpu = goals["CPU s per 1k samples ≤ ½ torchdata"]
+    assert (cpu["value"], cpu["met"]) == (pytest.approx(0.6), False)
+    assert (cpu["yardstick"], cpu["yardstick_value"]) == ("copy-and-read", pytest.approx(0.55))
+    speed = goals["samples/s ≥ 2× torchdata"]
+    assert (speed["value"], speed["yardstick_value"]) == (pytest.approx(3.0), pytest.approx(2.5))
+    memcpy = goals["batch assembly ≥ 90% of memcpy (256 KiB rows)"]
+    assert (memcpy["value"], memcpy["yardstick_value"]) == (pytest.approx(0.7), pytest.approx(0.65))
+    # A goal whose peer did not run has no value, for leanloader or the yardstick.
+    grain = goals["samples/s ≥ 2× Grain"]
+    assert grain["value"] is None and grain["yardstick_value"] is None
+    # Goals without a yardstick show none.
+    assert goals["time to first batch ≤ ⅕ torch"]["yardstick"] is None
+
+    (line,) = [line for line in harness.format_goals(checked) if "≤ ½ torchdata" in line]
+    assert line.endswith("NOT met  (copy-and-read: 0.55)")

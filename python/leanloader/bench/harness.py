@@ -530,17 +530,29 @@ def _check_goals(
     ratios: Mapping[str, Mapping[str, float]],
 ) -> list[dict[str, Any]]:
     by_key = {result.get("key", result["loader"]): result for result in results}
+
+    def value_for(goal: Goal, subject: str | None) -> float | None:
+        """The goal's figure with the run `subject` (None: the goal's own)
+        in leanloader's place."""
+        if goal.ratio is not None:
+            if subject is None:
+                return ratios.get(goal.ratio, {}).get(goal.figure)
+            top = by_key.get(subject, {}).get(goal.figure)
+            bottom = by_key.get(goal.ratio.split("/", 1)[1], {}).get(goal.figure)
+            if top is None or bottom is None:
+                return None
+            return top / bottom if bottom else float("inf")
+        return by_key.get(subject or goal.loader or "", {}).get(goal.figure)
+
     checked = []
     for goal in goals:
-        if goal.ratio is not None:
-            value = ratios.get(goal.ratio, {}).get(goal.figure)
-        else:
-            value = by_key.get(goal.loader or "", {}).get(goal.figure)
+        value = value_for(goal, None)
         met = None
         if value is not None:
             met = (goal.at_least is None or value >= goal.at_least) and (
                 goal.at_most is None or value <= goal.at_most
             )
+        yardstick_value = value_for(goal, goal.yardstick) if goal.yardstick else None
         checked.append(
             {
                 "goal": goal.description,
@@ -550,6 +562,8 @@ def _check_goals(
                 "at_least": goal.at_least,
                 "at_most": goal.at_most,
                 "met": met,
+                "yardstick": goal.yardstick if yardstick_value is not None else None,
+                "yardstick_value": yardstick_value,
             }
         )
     return checked
@@ -652,14 +666,25 @@ def format_report(report: Mapping[str, Any]) -> str:
     if report["goals"]:
         lines.append("")
         lines.append("goals:")
-        for goal in report["goals"]:
-            if goal["met"] is None:
-                verdict, value = "not measured", ""
-            else:
-                verdict = "met" if goal["met"] else "NOT met"
-                value = f"{goal['value']:.2f}"
-            lines.append(f"  {goal['goal']:<40} {value:>8}  {verdict}")
+        lines.extend(format_goals(report["goals"]))
     return "\n".join(lines)
+
+
+def format_goals(goals: Sequence[Mapping[str, Any]]) -> list[str]:
+    """A line per checked goal: the value, the verdict and, where the goal
+    has one, what the yardstick reaches in leanloader's place."""
+    lines = []
+    for goal in goals:
+        if goal["met"] is None:
+            verdict, value = "not measured", ""
+        else:
+            verdict = "met" if goal["met"] else "NOT met"
+            value = f"{goal['value']:.2f}"
+        line = f"  {goal['goal']:<40} {value:>8}  {verdict}"
+        if goal.get("yardstick_value") is not None:
+            line += f"  ({goal['yardstick']}: {goal['yardstick_value']:.2f})"
+        lines.append(line)
+    return lines
 
 
 def _fio_cell(result: Mapping[str, Any]) -> str:

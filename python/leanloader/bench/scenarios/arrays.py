@@ -369,6 +369,7 @@ SCENARIO = Scenario(
             "fraction_of_memcpy",
             at_least=0.9,
             loader="leanloader",
+            yardstick="copy-and-read",
         ),
         *(
             Goal(
