@@ -563,3 +563,6 @@ def test_goals_show_what_the_yardstick_reaches_in_leanloaders_place() -> None:
 
     (line,) = [line for line in harness.format_goals(checked) if "≤ ½ torchdata" in line]
     assert line.endswith("NOT met  (copy-and-read: 0.55)")
+    # A cold pass: the yardstick copies from RAM, no ceiling for reads from storage.
+    cold = harness._check_goals(scenario.goals, results, ratios, yardsticks=False)
+    assert all(goal["yardstick_value"] is None for goal in cold)
