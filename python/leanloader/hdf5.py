@@ -63,7 +63,8 @@ def HDF5Source(
     ``fields`` maps a field name to ``(files, dataset)`` or
     ``(files, dataset, index)``:
 
-    - ``files``: a path or a glob (``"betas_session*.hdf5"``); the matches are
+    - ``files``: a path or a glob (``"betas_session*.hdf5"``; a file of that
+      very name is read alone, as h5py would open it); the matches are
       sorted and their rows concatenated;
     - ``dataset``: the dataset's path inside each file (``"betas"``, ``"/g/x"``);
     - ``index``: an integer array; row ``i`` of the field is then row

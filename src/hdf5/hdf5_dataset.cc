@@ -142,6 +142,9 @@ bool link_exists_locked(hid_t file, const std::string& path) {
     end = path.find('/', end + 1);
     const std::string prefix = path.substr(0, end);
     if (prefix.empty() || prefix == "/") continue;
+    // "g/./c": a "." component names the group it is in, as H5Dopen2 takes it;
+    // it is no link of its own.
+    if (prefix == "." || prefix.ends_with("/.")) continue;
     if (api.l_exists(file, prefix.c_str(), kH5Default) <= 0) return false;
   }
   return true;
@@ -158,9 +161,7 @@ std::string file_of_locked(hid_t id) {
   std::string name(static_cast<size_t>(length) + 1, '\0');
   api.f_get_name(id, name.data(), name.size());
   name.resize(static_cast<size_t>(length));
-  char resolved[PATH_MAX];
-  if (::realpath(name.c_str(), resolved) != nullptr) return resolved;
-  return name;
+  return absolute_path(name);
 }
 
 uint64_t userblock_locked(hid_t dset) {
@@ -215,11 +216,12 @@ hid_t LibraryHandles::dataset(const Hdf5Dataset& owner) {
     close(open_.back());
     open_.pop_back();
   }
-  Id file(api.f_open(owner.path.c_str(), kH5FAccRdonly, kH5Default), api.f_close);
+  Id file(api.f_open(owner.open_path.c_str(), kH5FAccRdonly, kH5Default), api.f_close);
   if (!file.ok()) {
     throw FormatError("'" + owner.path + "': HDF5 cannot open the file again (" +
                       hdf5_error_stack_locked() + ")");
   }
+  owner.identity.check_unchanged(owner.open_path);
   Id dset(api.d_open2(file.get(), owner.name.c_str(), kH5Default), api.d_close);
   if (!dset.ok()) {
     throw FormatError("'" + owner.path + "' dataset '" + owner.name +
@@ -243,6 +245,8 @@ Hdf5Dataset::Hdf5Dataset(const std::string& file_path, const std::string& datase
                          std::shared_ptr<Hdf5Files> open_files)
     : path(file_path), name(dataset), files(std::move(open_files)), owner_pid(::getpid()) {
   { File probe(path); }  // a missing file is FileNotFoundError, too many files said as such
+  open_path = absolute_path(path);
+  identity = FileIdentity::of(open_path);
   Hdf5Lock lock;
   const Hdf5Api& api = hdf5_api();
   Id file(api.f_open(path.c_str(), kH5FAccRdonly, kH5Default), api.f_close);
@@ -298,12 +302,20 @@ void Hdf5Dataset::describe_locked(hid_t, hid_t dset) {
 
   // The memory type for H5Dread: the file's type in this machine's byte
   // order, n-bit integers widened to their whole element.
-  Id mem_type(api.t_copy(type.get()), api.t_close);
+  // An enum is read as its base integer: HDF5 refuses to change the byte
+  // order of an enum that has members (H5Tset_order fails and the type stays
+  // big-endian), and converts enum values to integers itself.
+  const bool is_enum = static_cast<H5TClass>(api.t_get_class(type.get())) == H5TClass::kEnum;
+  Id base(is_enum ? api.t_get_super(type.get()) : api.t_copy(type.get()), api.t_close);
+  Id mem_type(base.ok() ? api.t_copy(base.get()) : -1, api.t_close);
   if (!mem_type.ok()) throw FormatError(here + ": " + hdf5_error_stack_locked());
-  if (!info.little_endian) api.t_set_order(mem_type.get(), kH5TOrderLe);
-  if (info.converted) {
-    api.t_set_offset(mem_type.get(), 0);
-    api.t_set_precision(mem_type.get(), element_size * 8);
+  const bool typed =
+      (info.little_endian || api.t_set_order(mem_type.get(), kH5TOrderLe) >= 0) &&
+      (!info.converted || (api.t_set_offset(mem_type.get(), 0) >= 0 &&
+                           api.t_set_precision(mem_type.get(), element_size * 8) >= 0));
+  if (!typed) {
+    throw FormatError(here + ": HDF5 cannot describe its values in this machine's byte order (" +
+                      hdf5_error_stack_locked() + ")");
   }
   memory_type = mem_type.release();
 

@@ -85,7 +85,12 @@ struct Hdf5Dataset {
   void read_row(int64_t row, std::span<std::byte> dst, ChunkCache* cache) const;
   std::string where(int64_t row) const;  // "'file' dataset 'name' row N"
 
-  std::string path;       // the file the user named
+  std::string path;  // the file the user named
+  // `path` made absolute at open, and what it was then: the library path
+  // opens the file again by it (a later chdir, a replaced file must not make
+  // it read another file).
+  std::string open_path;
+  FileIdentity identity;
   std::string data_path;  // the file that holds the data (another one through an external link)
   std::string name;
   DType dtype = DType::kU8;

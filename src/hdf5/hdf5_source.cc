@@ -1,6 +1,7 @@
 #include "leanloader/hdf5/hdf5_source.h"
 
 #include <glob.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +19,10 @@ namespace {
 // Paths matching `pattern`, sorted (glob's own order); a pattern without
 // wildcards that names a missing file is NotFound.
 std::vector<std::string> expand(const std::string& pattern) {
+  // A file of that very name is that file, as h5py.File would open it, even
+  // when its name has glob characters ("run[1].h5" must not read "run1.h5").
+  struct stat st {};
+  if (::stat(pattern.c_str(), &st) == 0 && S_ISREG(st.st_mode)) return {pattern};
   glob_t matches{};
   // GLOB_ERR: a directory that cannot be read stops the expansion with an
   // error instead of silently dropping the files it holds.

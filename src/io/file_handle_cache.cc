@@ -25,14 +25,12 @@ FileHandleCache::FileHandleCache(size_t budget)
 
 size_t FileHandleCache::add(const std::string& path) {
   auto file = std::make_shared<const File>(path);
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) throw IoError("cannot stat", path, errno);
+  const FileIdentity identity = FileIdentity::of(path);
   std::lock_guard lock(mutex_);
   const size_t key = entries_.size();
   Entry& entry = entries_.emplace_back();
   entry.path = path;
-  entry.identity = {st.st_dev, st.st_ino, static_cast<int64_t>(st.st_size),
-                    int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec};
+  entry.identity = identity;
   entry.file = std::move(file);
   entry.position = open_.end();
   touch_locked(entry, key);
@@ -53,17 +51,7 @@ void FileHandleCache::touch_locked(Entry& entry, size_t key) {
 
 std::shared_ptr<const File> FileHandleCache::open_locked(Entry& entry, size_t key) {
   auto file = std::make_shared<const File>(entry.path);
-  struct stat st {};
-  if (::stat(entry.path.c_str(), &st) != 0) throw IoError("cannot stat", entry.path, errno);
-  const Identity now{st.st_dev, st.st_ino, static_cast<int64_t>(st.st_size),
-                     int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec};
-  if (now.device != entry.identity.device || now.inode != entry.identity.inode ||
-      now.size != entry.identity.size || now.modified_ns != entry.identity.modified_ns) {
-    throw FormatError("'" + entry.path +
-                      "' was replaced or modified since the source opened it (size " +
-                      std::to_string(entry.identity.size) + " then, " + std::to_string(now.size) +
-                      " now); open the source again");
-  }
+  entry.identity.check_unchanged(entry.path);
   entry.file = file;
   touch_locked(entry, key);
   return file;

@@ -44,15 +44,9 @@ class FileHandleCache {
   size_t open_count() const;
 
  private:
-  struct Identity {
-    dev_t device = 0;
-    ino_t inode = 0;
-    int64_t size = 0;
-    int64_t modified_ns = 0;
-  };
   struct Entry {
     std::string path;
-    Identity identity;
+    FileIdentity identity;
     std::shared_ptr<const File> file;  // null while closed
     std::list<size_t>::iterator position;
   };

@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <climits>
+#include <cstdlib>
 #include <random>
 
 #include "leanloader/core/error.h"
@@ -116,6 +118,27 @@ void fsync_directory(const std::string& directory) {
   const int error_number = errno;
   ::close(fd);
   if (result != 0) throw IoError("cannot fsync directory", directory, error_number);
+}
+
+FileIdentity FileIdentity::of(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) throw IoError("cannot stat", path, errno);
+  return {st.st_dev, st.st_ino, static_cast<int64_t>(st.st_size),
+          int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec};
+}
+
+void FileIdentity::check_unchanged(const std::string& path) const {
+  const FileIdentity now = of(path);
+  if (now == *this) return;
+  throw FormatError("'" + path + "' was replaced or modified since the source opened it (size " +
+                    std::to_string(size) + " then, " + std::to_string(now.size) +
+                    " now); open the source again");
+}
+
+std::string absolute_path(const std::string& path) {
+  char resolved[PATH_MAX];
+  if (::realpath(path.c_str(), resolved) != nullptr) return resolved;
+  return path;
 }
 
 namespace {

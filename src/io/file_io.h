@@ -4,7 +4,10 @@
 // read any range of a File concurrently.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <string>
 #include <string_view>
@@ -44,6 +47,26 @@ class File {
 };
 
 std::vector<std::byte> read_file_prefix(const std::string& path, size_t max_bytes);
+
+// What tells one file from another under the same name: a file opened again
+// later must have the identity it had when a source first opened it, else it
+// was replaced or modified meanwhile.
+struct FileIdentity {
+  dev_t device = 0;
+  ino_t inode = 0;
+  int64_t size = 0;
+  int64_t modified_ns = 0;
+  bool operator==(const FileIdentity&) const = default;
+
+  // stat(2) of `path`; throws IoError.
+  static FileIdentity of(const std::string& path);
+  // Throws FormatError naming `path` unless it still has this identity.
+  void check_unchanged(const std::string& path) const;
+};
+
+// `path` made absolute (symbolic links resolved) while the process's working
+// directory is the one it was named against; `path` as given when that fails.
+std::string absolute_path(const std::string& path);
 
 // Reads a whole file into a string. Throws IoError.
 std::string read_whole_file(const std::string& path);

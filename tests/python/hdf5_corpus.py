@@ -104,10 +104,22 @@ def write_h5py(d):
         )
         f.create_dataset("compound", data=np.zeros(4, dtype=[("a", "<i4"), ("b", "<f4")]))
         f["soft"] = h5py.SoftLink("/gzip_shuffle")
+        # Enums over big-endian integers: HDF5 will not change an enum's byte
+        # order, so they must be read as their base integer.
+        levels = _values("u1", (ROWS, 5)) % 3
+        for base, options in ((">i4", {}), (">i2", {"chunks": (4, 5), "compression": "gzip"})):
+            f.create_dataset(
+                f"enum_{base[1:]}_big_endian",
+                data=levels.astype(base),
+                dtype=h5py.enum_dtype({"A": 0, "B": 1, "C": 2}, basetype=base),
+                **options,
+            )
+        f.create_group("group").create_dataset("inside", data=_values("i2", (ROWS, 3)))
     for name in ("contiguous", "chunked", "gzip_shuffle", "gzip_edges", "lzf", "lzf_shuffle",
                  "fletcher32", "scaleoffset_int", "scaleoffset_float", "big_endian",
                  "big_endian_chunked", "resizable", "fill_never_written", "compact", "one_dim",
-                 "soft", "strings", "compound"):  # fmt: skip
+                 "soft", "strings", "compound", "enum_i4_big_endian", "enum_i2_big_endian",
+                 "group/./inside"):  # fmt: skip
         add(path, name, f"h5py {name}")
     for dtype in ("i1", "u1", "i2", "u2", "i4", "u4", "i8", "u8", "f2", "f8", "?"):
         add(path, f"dtype_{dtype}", f"h5py dtype {dtype}")

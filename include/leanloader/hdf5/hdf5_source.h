@@ -67,6 +67,7 @@ class ChunkCache;
 struct HDF5Field {
   std::string name;
   // A path or a glob pattern; the matches are sorted and their rows concatenated.
+  // A file of that very name is read alone, glob characters in it or not.
   std::string files;
   // The dataset's path inside every file, e.g. "betas" or "/group/images".
   std::string dataset;

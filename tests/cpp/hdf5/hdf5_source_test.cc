@@ -69,7 +69,10 @@ void write_dataset(const std::string& path, const std::string& name, hid_t type,
   const hid_t dset = H5Dcreate2(file, name.c_str(), type, space, links, plist, H5P_DEFAULT);
   H5Pclose(links);
   ASSERT_GE(dset, 0);
-  ASSERT_GE(H5Dwrite(dset, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), 0);
+  // `values` are in this machine's order whatever the file's type (big-endian ones included).
+  const hid_t memory = H5Tget_native_type(type, H5T_DIR_ASCEND);
+  ASSERT_GE(H5Dwrite(dset, memory, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), 0);
+  H5Tclose(memory);
   H5Dclose(dset);
   H5Pclose(plist);
   H5Sclose(space);
@@ -359,6 +362,60 @@ TEST(HDF5SourceTest, AFileReplacedUnderTheSourceIsAnError) {
   CollectingWriter writer(*source);
   const std::string message = error_of([&] { source->read_sample(0, writer); });
   EXPECT_NE(message.find("replaced or modified"), std::string::npos) << message;
+}
+
+// Runs the rest of a test in `directory`, and goes back however it ends.
+class WorkingDirectory {
+ public:
+  explicit WorkingDirectory(const std::string& directory)
+      : before_(std::filesystem::current_path()) {
+    std::filesystem::current_path(directory);
+  }
+  ~WorkingDirectory() { std::filesystem::current_path(before_); }
+  WorkingDirectory(const WorkingDirectory&) = delete;
+  WorkingDirectory& operator=(const WorkingDirectory&) = delete;
+
+ private:
+  std::filesystem::path before_;
+};
+
+TEST(HDF5SourceTest, TheLibraryPathReadsTheFileItOpenedAfterAChangeOfDirectory) {
+  TempDir dir;
+  for (const char* name : {"a", "b"}) std::filesystem::create_directory(dir.file(name));
+  // Big-endian: read through the library, which opens the file again by name.
+  write_dataset(dir.file("a/data.h5"), "x", H5T_STD_I32BE, {4, 3}, std::vector<int32_t>(12, 1));
+  write_dataset(dir.file("b/data.h5"), "x", H5T_STD_I32BE, {4, 3}, std::vector<int32_t>(12, 2));
+  std::shared_ptr<HDF5Source> source;
+  {
+    WorkingDirectory in_a(dir.file("a"));
+    source = HDF5Source::open({{"x", "data.h5", "x", std::nullopt}});
+  }
+  EXPECT_NE(source->layout(0).front().find("library"), std::string::npos)
+      << source->layout(0).front();
+  WorkingDirectory in_b(dir.file("b"));
+  EXPECT_EQ(all_rows<int32_t>(*source), std::vector<int32_t>(12, 1));
+}
+
+TEST(HDF5SourceTest, AFileReplacedUnderTheLibraryPathIsAnError) {
+  TempDir dir;
+  write_dataset(dir.file("x.h5"), "x", H5T_STD_I32BE, {4, 3}, std::vector<int32_t>(12, 1));
+  const auto source = HDF5Source::open({{"x", dir.file("x.h5"), "x", std::nullopt}});
+  write_dataset(dir.file("new.h5"), "x", H5T_STD_I32BE, {4, 3}, std::vector<int32_t>(12, 2));
+  std::filesystem::rename(dir.file("new.h5"), dir.file("x.h5"));
+  CollectingWriter writer(*source);
+  const std::string message = error_of([&] { source->read_sample(0, writer); });
+  EXPECT_NE(message.find("replaced or modified"), std::string::npos) << message;
+}
+
+TEST(HDF5SourceTest, AFileNamedWithGlobCharactersIsThatFile) {
+  TempDir dir;
+  write_dataset(dir.file("run[1].h5"), "x", H5T_NATIVE_INT32, {2, 2}, std::vector<int32_t>(4, 1));
+  write_dataset(dir.file("run1.h5"), "x", H5T_NATIVE_INT32, {2, 2}, std::vector<int32_t>(4, 9));
+  const auto named = HDF5Source::open({{"x", dir.file("run[1].h5"), "x", std::nullopt}});
+  EXPECT_EQ(all_rows<int32_t>(*named), std::vector<int32_t>(4, 1));
+  // A pattern no file is named still matches: run1.h5, then run[1].h5.
+  const auto matched = HDF5Source::open({{"x", dir.file("run*.h5"), "x", std::nullopt}});
+  EXPECT_EQ(all_rows<int32_t>(*matched), (std::vector<int32_t>{9, 9, 9, 9, 1, 1, 1, 1}));
 }
 
 TEST(HDF5SourceTest, LibraryErrorsGiveTheDeepestCause) {
