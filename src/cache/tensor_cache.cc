@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <set>
 
 #include "cache/cache_directory.h"
@@ -148,7 +149,18 @@ std::shared_ptr<TensorCache> TensorCache::open(const std::string& path, bool cle
   return std::make_shared<TensorCache>(path, cleanup);
 }
 
-TensorCache::TensorCache(const std::string& path, bool cleanup) : path_(path) {
+// A relative path is made absolute at open: shards are mapped lazily and a
+// later os.chdir() must not make them another directory's files.
+namespace {
+std::string absolute_or_as_given(const std::string& path) {
+  std::error_code error;
+  const std::filesystem::path absolute = std::filesystem::absolute(path, error);
+  return error || path.empty() ? path : absolute.string();
+}
+}  // namespace
+
+TensorCache::TensorCache(const std::string& path, bool cleanup)
+    : path_(absolute_or_as_given(path)) {
   state_ = load_state(cleanup);
   field_lists_.push_back(std::make_shared<const std::vector<FieldSpec>>(state_->field_list));
 }

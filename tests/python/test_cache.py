@@ -157,6 +157,28 @@ def test_build_from_an_iterable_of_dicts_and_bad_encoders(tmp_path):
     assert cache.verify() == []
 
 
+def test_a_cache_opened_by_a_relative_path_stays_that_cache_after_a_chdir(tmp_path, monkeypatch):
+    """Shards are mapped when first read: a later os.chdir() must not make
+    them another directory's cache of the same name (as an open h5py.File
+    stays the file it opened)."""
+    items = [{"key": f"s{i}"} for i in range(6)]
+    for name, value in (("a", 1.0), ("b", 2.0)):
+        (tmp_path / name).mkdir()
+        monkeypatch.chdir(tmp_path / name)
+
+        def encode(batch, value=value):
+            return {"x": np.full((len(batch["key"]), 3), value, dtype=np.float32)}
+
+        ll.TensorCache("cache", shard_bytes=64).build(items, encode=encode, progress=False)
+    monkeypatch.chdir(tmp_path / "a")
+    cache = ll.TensorCache("cache", output="numpy")
+    assert cache.path == str(tmp_path / "a" / "cache")
+    monkeypatch.chdir(tmp_path / "b")
+    assert {float(cache[f"s{i}"]["x"][0]) for i in range(6)} == {1.0}
+    batches = ll.Loader(cache, batch_size=6, output="numpy")
+    assert {float(v) for batch in batches for v in batch["x"].ravel()} == {1.0}
+
+
 def test_entries_are_zero_copy_views_of_the_shard(tmp_path):
     cache = ll.TensorCache(tmp_path / "cache", output="numpy")
     items = [{"key": f"k{i}"} for i in range(4)]
