@@ -259,7 +259,8 @@ class Images(_ImageSource):
     ``accept_corrupt_jpeg=False`` refuses them instead. A truncated file is
     refused either way, as Pillow refuses it, and whatever region a random
     crop decodes (the whole file is read). ``exif_orientation=True`` applies
-    the EXIF orientation.
+    the EXIF orientation (a TIFF's Orientation tag is always applied, as
+    Pillow applies it whenever it loads a TIFF).
     ``dct_scaling=False`` decodes JPEGs at full size even when a resize
     follows (slower, pixels as a full decode).
     """

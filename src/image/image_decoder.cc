@@ -213,7 +213,10 @@ ImageInfo read_image_info(std::span<const std::byte> bytes, const DecodeOptions&
                       "or pass None, to allow it)");
   }
   info.over_pixel_limit = options.max_pixels != 0 && *pixels > options.max_pixels;
-  if (options.exif_orientation) {
+  // Pillow applies a TIFF's Orientation tag on every load (TiffImagePlugin's
+  // load_end calls exif_transpose), so Image.open(path).convert("RGB") is the
+  // oriented image; the other formats' tags only when asked.
+  if (options.exif_orientation || info.format == ImageFormat::kTiff) {
     info.orientation = detail::exif_orientation(bytes, info.format).value_or(1);
   }
   info.width = turns(info.orientation) ? size.height : size.width;

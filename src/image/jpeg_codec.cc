@@ -130,8 +130,9 @@ void jpeg_decode(std::span<const std::byte> bytes, const DecodeOptions& options,
 
   const bool cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
   const bool gray_source = cinfo.jpeg_color_space == JCS_GRAYSCALE;
-  // Pillow reads Adobe CMYK as inverted ("CMYK;I").
-  const bool inverted_cmyk = cmyk && cinfo.saw_Adobe_marker;
+  // Pillow reads every CMYK JPEG as inverted ("CMYK;I", "assume adobe
+  // conventions"), with an Adobe marker or without.
+  const bool inverted_cmyk = cmyk;
   if (cmyk) {
     cinfo.out_color_space = JCS_CMYK;
   } else if (channels == 1) {

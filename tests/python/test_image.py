@@ -78,6 +78,23 @@ def test_gray_and_cmyk_jpegs_convert_as_pillow(tmp_path, mode):
     assert np.abs(decode(path, mode="L")[..., 0].astype(int) - gray.astype(int)).max() <= 1
 
 
+def test_a_cmyk_jpeg_without_an_adobe_marker_is_inverted_as_pillow(tmp_path):
+    """Pillow reads every 4-component JPEG as inverted CMYK ("assume adobe
+    conventions"), with the Adobe APP14 marker or without it."""
+    written = tmp_path / "adobe.jpg"
+    natural_image(24, 32).convert("CMYK").save(written, quality=95)
+    data = written.read_bytes()
+    at = data.find(b"\xff\xee")  # APP14, "Adobe"
+    assert data[at + 4 : at + 9] == b"Adobe"
+    length = int.from_bytes(data[at + 2 : at + 4], "big")
+    path = tmp_path / "no_adobe.jpg"
+    path.write_bytes(data[:at] + data[at + 2 + length :])
+    with Image.open(path) as image:
+        assert image.mode == "CMYK" and "adobe" not in image.info
+    ours, theirs = decode(path), pillow_rgb(path)
+    assert np.abs(ours.astype(int) - theirs.astype(int)).max() <= 1
+
+
 def png_file(pixels: np.ndarray, color_type: int, depth: int, plte=None, trns=None) -> bytes:
     """A PNG written by hand (any color type and bit depth Pillow cannot
     write), filter 0, so that Pillow reads it as the reference."""

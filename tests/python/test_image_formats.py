@@ -454,3 +454,21 @@ def test_png_chunk_structure_is_checked_as_pillow_checks_it(tmp_path, mode):
     assert refused == expected, outcomes
     with pytest.raises(ValueError, match=r"bad_crc_before_image\.png.*checksum in the tEXt"):
         ll.decode_image(tmp_path / "bad_crc_before_image.png")
+
+
+@pytest.mark.parametrize("compression", ["raw", "tiff_lzw"])
+def test_a_tiffs_orientation_is_applied_as_pillow_applies_it_on_every_load(tmp_path, compression):
+    """Pillow's TIFF plugin runs exif_transpose when it loads (load_end), so
+    torchvision's pil_loader, Image.open(path).convert("RGB"), returns the
+    oriented image; leanloader's default (exif_orientation=False) must too.
+    Other formats' tags are applied only when asked (test_image.py)."""
+    stored = rng_image(4, 6, 3)
+    for orientation in range(1, 9):
+        path = tmp_path / f"o{orientation}_{compression}.tif"
+        Image.fromarray(stored).save(path, tiffinfo={274: orientation}, compression=compression)
+        with Image.open(path) as image:
+            expected = np.asarray(image.convert("RGB"))
+        np.testing.assert_array_equal(ll.decode_image(path), expected)
+        images = ll.Images([str(path)], layout="HWC")
+        (batch,) = ll.Loader(images, batch_size=1, output="numpy", collate="list")
+        np.testing.assert_array_equal(batch["image"][0], expected)
