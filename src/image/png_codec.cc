@@ -119,6 +119,43 @@ void check_chunks_as_pillow(std::span<const std::byte> bytes) {
   }
 }
 
+// A colour key (tRNS of a gray or truecolor PNG) as Pillow applies it in
+// convert("RGBA"): to the 8-bit pixels Pillow holds (low gray depths scaled
+// up, 16-bit samples clipped (gray) or cut to their high byte (color)),
+// compared with the key's low byte, except 1-bit gray, whose key is on or
+// off. Not the PNG rule (the key in the sample's own depth), which libspng
+// follows: 2-bit gray keyed 1 is transparent there, opaque in Pillow.
+struct PillowColorKey {
+  bool present = false;
+  bool one_bit = false;
+  bool on = false;  // 1-bit gray: the key is non-zero
+  uint8_t red = 0, green = 0, blue = 0;
+
+  static PillowColorKey of(spng_ctx* ctx, const spng_ihdr& ihdr) {
+    PillowColorKey key;
+    spng_trns trns{};
+    const bool keyed = ihdr.color_type == SPNG_COLOR_TYPE_GRAYSCALE ||
+                       ihdr.color_type == SPNG_COLOR_TYPE_TRUECOLOR;
+    if (!keyed || spng_get_trns(ctx, &trns) != 0) return key;
+    key.present = true;
+    if (ihdr.color_type == SPNG_COLOR_TYPE_GRAYSCALE) {
+      key.one_bit = ihdr.bit_depth == 1;
+      key.on = trns.gray != 0;
+      key.red = key.green = key.blue = static_cast<uint8_t>(trns.gray & 0xFF);
+    } else {
+      key.red = static_cast<uint8_t>(trns.red & 0xFF);
+      key.green = static_cast<uint8_t>(trns.green & 0xFF);
+      key.blue = static_cast<uint8_t>(trns.blue & 0xFF);
+    }
+    return key;
+  }
+  // The alpha of a pixel whose 8-bit color Pillow holds is (r, g, b).
+  uint8_t alpha(uint8_t r, uint8_t g, uint8_t b) const noexcept {
+    const bool keyed = one_bit ? (r != 0) == on : r == red && g == green && b == blue;
+    return keyed ? 0 : 255;
+  }
+};
+
 size_t decoded_size(spng_ctx* ctx, int format) {
   size_t size = 0;
   check(spng_decoded_image_size(ctx, format, &size), "image size");
@@ -154,23 +191,36 @@ void png_decode(std::span<const std::byte> bytes, const DecodeOptions& options, 
 
   if (gray && ihdr.bit_depth == 16) {
     // Pillow opens this as "I;16" and its conversions to L, RGB and RGBA
-    // clip at 255 (they do not scale); RGBA is opaque.
+    // clip at 255 (they do not scale); RGBA is opaque but for a colour key.
     std::vector<uint16_t> wide(pixels);
     check(spng_decode_image(ctx.get(), wide.data(), decoded_size(ctx.get(), SPNG_FMT_PNG),
                             SPNG_FMT_PNG, 0),
           "decoding");
+    const PillowColorKey key = PillowColorKey::of(ctx.get(), ihdr);
     const int colors = std::min(channels, 3);
     for (size_t i = 0; i < pixels; ++i) {
       const auto value = static_cast<uint8_t>(std::min<uint16_t>(wide[i], 255));
       uint8_t* pixel = dst.data() + i * static_cast<size_t>(channels);
       for (int c = 0; c < colors; ++c) pixel[c] = value;
-      if (channels == 4) pixel[3] = 255;
+      if (channels == 4) pixel[3] = key.present ? key.alpha(value, value, value) : 255;
     }
     return;
   }
   if (channels == 4) {
-    check(spng_decode_image(ctx.get(), dst.data(), dst.size(), SPNG_FMT_RGBA8, SPNG_DECODE_TRNS),
-          "decoding");
+    const PillowColorKey key = PillowColorKey::of(ctx.get(), ihdr);
+    if (!key.present) {
+      // Palette transparency and alpha channels: libspng's and Pillow's agree.
+      check(spng_decode_image(ctx.get(), dst.data(), dst.size(), SPNG_FMT_RGBA8, SPNG_DECODE_TRNS),
+            "decoding");
+      return;
+    }
+    // 8-bit color as Pillow holds it (16-bit samples to their high byte,
+    // low gray depths scaled up), alpha from the key as Pillow compares it.
+    check(spng_decode_image(ctx.get(), dst.data(), dst.size(), SPNG_FMT_RGBA8, 0), "decoding");
+    for (size_t i = 0; i < pixels; ++i) {
+      uint8_t* pixel = dst.data() + i * 4;
+      pixel[3] = key.alpha(pixel[0], pixel[1], pixel[2]);
+    }
     return;
   }
   if (channels == 3) {

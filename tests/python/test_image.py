@@ -177,7 +177,39 @@ def test_png_every_color_type_and_depth_equals_pillow(
     # Gray keeps one channel as Pillow's convert("L").
     with Image.open(path) as image:
         gray = np.asarray(image.convert("L"))
+        rgba = np.asarray(image.convert("RGBA"))
     np.testing.assert_array_equal(decode(path, mode="L")[..., 0], gray)
+    np.testing.assert_array_equal(decode(path, mode="RGBA"), rgba)
+
+
+@pytest.mark.parametrize(
+    "color_type,depth", [(0, 1), (0, 2), (0, 4), (0, 8), (0, 16), (2, 8), (2, 16)]
+)
+def test_a_png_colour_key_makes_the_pixels_pillow_makes_transparent(tmp_path, color_type, depth):
+    """Pillow compares a tRNS colour key's low byte with the 8-bit pixels it
+    holds (low gray depths scaled up, 16-bit gray clipped, 16-bit color cut
+    to its high byte; 1-bit gray: the key on or off), not in the samples'
+    own depth as the PNG rule and libspng do: a 2-bit gray keyed 1 is opaque
+    in Pillow."""
+    channels = 1 if color_type == 0 else 3
+    top = 2**depth - 1
+    values = sorted({0, 1, 2, 3, 85, 255, 256, 258, 515, 772, 1000, top // 2, top - 1, top})
+    values = [v for v in values if v <= top]
+    pixels = np.array(values)[:, None].repeat(channels, axis=1)
+    if channels == 3:
+        pixels[:, 1] = pixels[:, 1] * 2 % (top + 1)
+        pixels[:, 2] = pixels[:, 2] * 3 % (top + 1)
+    pixels = pixels[None]
+    keys = {0, 1, 3, 17, 85, 255, 256, 341, 511, 1000, 65535}
+    keys |= {int(v) for v in pixels[0, :, 0]}
+    for key in sorted(keys):
+        key_samples = [key, key * 2 % 65536, key * 3 % 65536][:channels]
+        path = tmp_path / f"key{key}.png"
+        trns = struct.pack(">" + "H" * channels, *key_samples)
+        path.write_bytes(png_file(pixels, color_type, depth, trns=trns))
+        with Image.open(path) as image:
+            expected = np.asarray(image.convert("RGBA"))
+        np.testing.assert_array_equal(decode(path, mode="RGBA"), expected, err_msg=f"key {key}")
 
 
 def test_png_interlaced_and_rgba_mode(tmp_path):
