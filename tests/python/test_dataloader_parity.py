@@ -322,6 +322,23 @@ def test_iterable_length_warning_is_torchs(workers):
     ]
 
 
+def test_iterable_length_warning_points_at_the_users_loop_as_torchs():
+    def where(cls, workers):
+        loader = cls(Uneven(), batch_size=None, num_workers=workers)
+        len(loader)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in loader:  # the line the warning must name
+                pass
+        length = [w for w in caught if str(w.message).startswith("Length of IterableDataset")]
+        return {(w.filename, w.lineno) for w in length}
+
+    for workers in (0, 3):
+        ours, theirs = where(ll.DataLoader, workers), where(_torch, workers)
+        assert ours == theirs and len(ours) == 1, (workers, ours, theirs)
+        assert ours.pop()[0] == __file__
+
+
 # --- 5. IterDataPipe ----------------------------------------------------------------------------
 
 
@@ -855,3 +872,79 @@ def test_errors_in_workers_raise_per_batch_and_the_pass_goes_on_like_torch():
 
     kwargs = dict(batch_size=2, shuffle=True, num_workers=2)
     assert count(ll.DataLoader(Raising(), **kwargs)) == count(_torch(Raising(), **kwargs)) == 21
+
+
+class BatchedFetch(Dataset):
+    """A dataset with torch's batched fetch hook: __getitems__ gives what
+    __getitem__ does not, so the batches tell which one was called."""
+
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int):
+        return torch.tensor(i)
+
+    def __getitems__(self, indices):
+        return [torch.tensor(i * 100) for i in indices]
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_getitems_fetches_the_batch_in_both_worker_modes_as_torch(mode):
+    kwargs = dict(batch_size=3, num_workers=2)
+    ours = [b.tolist() for b in ll.DataLoader(BatchedFetch(), worker_mode=mode, **kwargs)]
+    assert ours == [b.tolist() for b in _torch(BatchedFetch(), **kwargs)]
+    assert ours == [[0, 100, 200], [300, 400, 500]]
+
+
+class TwoArgumentError(Exception):
+    def __init__(self, first, second):
+        super().__init__(first)
+
+
+class RaisingKinds(Dataset):
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, i: int):
+        raise KeyError("k") if self.kind == "key" else TwoArgumentError("a", "b")
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+@pytest.mark.parametrize("kind", ["key", "two_arguments"])
+def test_a_workers_error_is_reraised_in_torchs_form(mode, kind):
+    """torch's main process re-raises a worker's error through
+    ExceptionWrapper: "Caught KeyError in DataLoader worker process 0." with
+    the original traceback, and a RuntimeError for a type that cannot be
+    built from one message. Thread workers say "worker thread"."""
+
+    def first_error(loader):
+        with pytest.raises(Exception) as caught:
+            next(iter(loader))
+        return caught.value
+
+    ours = first_error(ll.DataLoader(RaisingKinds(kind), batch_size=2, num_workers=1,
+                                     worker_mode=mode))  # fmt: skip
+    theirs = first_error(_torch(RaisingKinds(kind), batch_size=2, num_workers=1))
+    assert type(ours) is type(theirs)
+    noun = "thread" if mode == "thread" else "process"
+    expected = str(theirs).splitlines()[0].replace("worker process", f"worker {noun}")
+    assert str(ours).splitlines()[0] == expected
+    assert "Original Traceback" in str(ours) and "__getitem__" in str(ours)
+
+
+# torch's iterator, refused in its __init__, fails again in its __del__ (no
+# _shutdown yet): torch's own noise at collection, not the test's outcome.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_prefetch_factor_zero_is_refused_when_iterated_as_torch(mode):
+    loader = ll.DataLoader(Numbers(), batch_size=2, num_workers=2, prefetch_factor=0,
+                           worker_mode=mode)  # fmt: skip
+    reference = _torch(Numbers(), batch_size=2, num_workers=2, prefetch_factor=0)
+    with pytest.raises(AssertionError) as theirs:
+        iter(reference)
+    with pytest.raises(AssertionError) as ours:
+        iter(loader)
+    assert str(ours.value) == str(theirs.value)

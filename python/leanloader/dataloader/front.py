@@ -210,6 +210,12 @@ class DataLoader(_TorchDataLoader[_T_co]):
         if self.num_workers == 0:
             return SingleProcessIterator(self)
         self.check_worker_number_rationality()
+        if self.prefetch_factor is not None and self.prefetch_factor <= 0:
+            # torch accepts 0 when built and refuses it here (no batch would
+            # ever be asked for: an epoch of nothing, silently).
+            raise AssertionError(
+                "prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter"
+            )
         if self.worker_mode == "thread":
             return ThreadIterator(self)
         refuse_unguarded_main()

@@ -213,7 +213,8 @@ class _Counted:
                 "https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset "
                 "for examples."
             )
-        warnings.warn(message, stacklevel=2)
+        # Pointing at the user's loop, as torch's (warn, __next__, the loop).
+        warnings.warn(message, stacklevel=3)
 
     def __len__(self) -> int:
         return len(self._inner)  # type: ignore[arg-type]

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from leanloader.dataloader.front import DataLoader
 
 from leanloader.dataloader.seeding import draw_base_seed
+from leanloader.dataloader.worker import describe_error, rebuild_error
 
 # --- get_worker_info() per thread -----------------------------------------------------------
 
@@ -127,12 +128,22 @@ def _init_in_thread(workers: ThreadWorkers, worker: int) -> None:
 
 
 def _fetch_in_thread(task: tuple[ThreadWorkers, Any], worker: int) -> Any:
+    """torch's _MapDatasetFetcher.fetch on worker `worker`'s thread; an error
+    is raised as torch's main process re-raises a worker's
+    (ExceptionWrapper: "Caught KeyError in DataLoader worker thread 0...")."""
     workers, index = task
     try:
         workers.enter(worker)
-        if workers.auto_collation:
-            return workers.collate_fn([workers.dataset[i] for i in index])
-        return workers.collate_fn(workers.dataset[index])
+        dataset = workers.dataset
+        if not workers.auto_collation:
+            return workers.collate_fn(dataset[index])
+        if getattr(dataset, "__getitems__", None):
+            return workers.collate_fn(dataset.__getitems__(index))
+        return workers.collate_fn([dataset[i] for i in index])
+    except Exception as error:
+        raise rebuild_error(
+            describe_error(error, f"in DataLoader worker thread {worker}")
+        ) from None
     finally:
         _THREAD_INFO.info = None
 
