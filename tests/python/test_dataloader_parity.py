@@ -948,3 +948,67 @@ def test_prefetch_factor_zero_is_refused_when_iterated_as_torch(mode):
     with pytest.raises(AssertionError) as ours:
         iter(loader)
     assert str(ours.value) == str(theirs.value)
+
+
+class ViewsAndFlags(Dataset):
+    """Tensors a contiguous copy would change: torch's pickled batch keeps
+    their strides, shared storage, identity, requires_grad and class."""
+
+    def __len__(self) -> int:
+        return 3
+
+    def __getitem__(self, i: int):
+        import numpy as np
+
+        base = torch.arange(6.0).reshape(2, 3) + i
+        return {
+            "transposed": base.t(),
+            "a": base,
+            "same": base,
+            "row": base[1],
+            "bytes": base.view(torch.uint8)[4:12],
+            "channels_last": torch.arange(24.0)
+            .reshape(1, 2, 3, 4)
+            .to(memory_format=torch.channels_last),
+            "grad": torch.ones(2).requires_grad_(),
+            "parameter": torch.nn.Parameter(torch.full((2,), float(i))),
+            "fortran": np.asfortranarray(np.arange(6, dtype=np.int32).reshape(2, 3) + i),
+            "plain": torch.arange(4) + i,
+        }
+
+
+def _describe(batch):
+    import numpy as np
+
+    def storage(key):
+        return batch[key].untyped_storage().data_ptr()
+
+    return {
+        "values": {
+            k: (v.detach().numpy() if isinstance(v, torch.Tensor) else v).tolist()
+            for k, v in batch.items()
+        },
+        "strides": {
+            k: tuple(v.stride()) if isinstance(v, torch.Tensor) else v.strides
+            for k, v in batch.items()
+        },
+        "types": {k: type(v).__name__ for k, v in batch.items()},
+        "requires_grad": {
+            k: v.requires_grad for k, v in batch.items() if isinstance(v, torch.Tensor)
+        },
+        "a is same": batch["a"] is batch["same"],
+        "views share a's storage": [
+            storage(k) == storage("a") for k in ("transposed", "row", "bytes")
+        ],
+        "channels_last": batch["channels_last"].is_contiguous(memory_format=torch.channels_last),
+        "fortran": isinstance(batch["fortran"], np.ndarray) and batch["fortran"].flags.f_contiguous,
+    }
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_a_batch_keeps_strides_shared_storage_identity_and_grad_as_torchs(mode):
+    kwargs = dict(batch_size=None, num_workers=2)
+    ours = [_describe(b) for b in ll.DataLoader(ViewsAndFlags(), worker_mode=mode, **kwargs)]
+    theirs = [_describe(b) for b in _torch(ViewsAndFlags(), **kwargs)]
+    assert ours == theirs
+    assert theirs[0]["a is same"] and all(theirs[0]["views share a's storage"])

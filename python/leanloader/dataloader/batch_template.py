@@ -109,10 +109,145 @@ class _SlotLayout:
         return SlotLeaf(offset, name, tuple(array.shape), kind)
 
 
+class TensorLeaf:
+    """A torch tensor of a batch that a plain SlotLeaf would change: a view
+    with its own strides (a transpose, channels_last), one sharing its
+    storage with another tensor of the batch, one that requires grad, an
+    ``nn.Parameter``. It is rebuilt as torch's pickled tensor is: over a
+    region of the slot holding the bytes of its storage that the batch's
+    tensors use (one region per storage, so views still share it), with its
+    strides, storage offset, requires_grad and class."""
+
+    __slots__ = ("byte_start", "dtype", "parameter", "region", "requires_grad", "shape",
+                 "strides")  # fmt: skip
+
+    def __init__(self, region: SlotLeaf, byte_start: int, dtype: str, shape: tuple,
+                 strides: tuple, requires_grad: bool, parameter: bool) -> None:  # fmt: skip
+        self.region, self.byte_start, self.dtype = region, byte_start, dtype
+        self.shape, self.strides = shape, strides
+        self.requires_grad, self.parameter = requires_grad, parameter
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return (TensorLeaf, (self.region, self.byte_start, self.dtype, self.shape, self.strides,
+                             self.requires_grad, self.parameter))  # fmt: skip
+
+
+class FortranLeaf:
+    """A NumPy array in Fortran order, kept so as pickle keeps it: its
+    transpose (C order) in the slot, transposed back when unpacked."""
+
+    __slots__ = ("transposed",)
+
+    def __init__(self, transposed: SlotLeaf) -> None:
+        self.transposed = transposed
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return (FortranLeaf, (self.transposed,))
+
+
+def _tensor_span(tensor: Any) -> tuple[int, int]:
+    """The bytes [start, end) of its storage that `tensor` reads."""
+    size = tensor.element_size()
+    start = tensor.storage_offset() * size
+    if tensor.numel() == 0:
+        return start, start
+    last = sum((n - 1) * stride for n, stride in zip(tensor.shape, tensor.stride(), strict=True))
+    return start, start + (last + 1) * size
+
+
+class _BatchLayout(_SlotLayout):
+    """_SlotLayout for a whole collated batch: an object met twice is one
+    leaf (unpacked as one object, as pickle's memo keeps it), and tensors that
+    a contiguous copy would change (TensorLeaf) share a region per storage."""
+
+    def __init__(self, batch: Any, torch_names: dict | None) -> None:
+        super().__init__()
+        self.torch_names = torch_names
+        self.seen: dict[int, tuple[Any, Any]] = {}  # id -> (value kept alive, its leaf)
+        # storage data_ptr -> [tensors of the batch over it]
+        self.storages: dict[int, list[Any]] = {}
+        self.regions: dict[int, tuple[SlotLeaf, int]] = {}  # data_ptr -> (region, its start)
+        if torch_names is not None:
+            _map_structure(batch, self._note_storage)
+
+    def _note_storage(self, value: Any) -> Any:
+        import torch
+
+        if isinstance(value, torch.Tensor) and slot_array(value, self.torch_names) is not None:
+            tensors = self.storages.setdefault(value.untyped_storage().data_ptr(), [])
+            if not any(t is value for t in tensors):
+                tensors.append(value)
+        return value
+
+    def leaf(self, value: Any, torch_names: dict | None) -> Any:
+        remembered = self.seen.get(id(value))
+        if remembered is not None and remembered[0] is value:
+            return remembered[1]
+        made = self._leaf(value)
+        if made is not value:
+            self.seen[id(value)] = (value, made)
+        return made
+
+    def _leaf(self, value: Any) -> Any:
+        import numpy as np
+
+        if self.torch_names is not None:
+            import torch
+
+            if isinstance(value, torch.Tensor) and self._needs_tensor_leaf(value):
+                return self._tensor_leaf(value)
+        if (
+            type(value) is np.ndarray
+            and value.ndim > 1
+            and value.flags.f_contiguous
+            and not value.flags.c_contiguous
+            and value.dtype.str in NUMPY_TO_NAME
+        ):
+            return FortranLeaf(super().leaf(value.T, self.torch_names))
+        return super().leaf(value, self.torch_names)
+
+    def _needs_tensor_leaf(self, tensor: Any) -> bool:
+        import torch
+
+        if slot_array(tensor, self.torch_names) is None or tensor.is_conj() or tensor.is_neg():
+            return False
+        shared = len(self.storages.get(tensor.untyped_storage().data_ptr(), ())) > 1
+        return (
+            shared
+            or not tensor.is_contiguous()
+            or tensor.requires_grad
+            or isinstance(tensor, torch.nn.Parameter)
+        )
+
+    def _tensor_leaf(self, tensor: Any) -> TensorLeaf:
+        import torch
+
+        pointer = tensor.untyped_storage().data_ptr()
+        if pointer not in self.regions:
+            spans = [_tensor_span(t) for t in self.storages[pointer]]
+            start, end = min(s for s, _ in spans), max(e for _, e in spans)
+            offset = self.place(end - start)
+            if end > start:
+                raw = torch.empty(0, dtype=torch.uint8)
+                raw.set_(tensor.untyped_storage(), start, (end - start,))
+                self.copies.append((offset, raw))
+            self.regions[pointer] = (SlotLeaf(offset, "U8", (end - start,), "torch"), start)
+        region, start = self.regions[pointer]
+        return TensorLeaf(
+            region,
+            tensor.storage_offset() * tensor.element_size() - start,
+            self.torch_names[tensor.dtype],  # type: ignore[index]
+            tuple(tensor.shape),
+            tuple(tensor.stride()),
+            bool(tensor.requires_grad),
+            isinstance(tensor, torch.nn.Parameter),
+        )
+
+
 def plan_batch(batch: Any, torch_names: dict | None) -> tuple[Any, list[tuple[int, Any]], int]:
     """Template of `batch` with SlotLeaf for every array the slot can hold,
     the (offset, contiguous array) copies to make, and the bytes needed."""
-    layout = _SlotLayout()
+    layout = _BatchLayout(batch, torch_names)
     template = _map_structure(batch, lambda value: layout.leaf(value, torch_names))
     return template, layout.copies, layout.used
 
@@ -370,12 +505,56 @@ class StreamedFetch:
         return target.finish(template)
 
 
+def _torch_dtypes() -> dict[str, Any]:
+    from leanloader.dataloader.segments import torch_dtype_names
+
+    return {name: dtype for dtype, name in torch_dtype_names().items()}
+
+
 def unpack_batch(template: Any, hold: Any) -> Any:
-    """The batch of `template` with zero-copy tensors over the held slot."""
+    """The batch of `template` with zero-copy tensors over the held slot; a
+    leaf met twice gives the same object twice."""
+    made: dict[int, Any] = {}
+    regions: dict[int, Any] = {}
+
+    def slot_leaf(value: SlotLeaf) -> Any:
+        return hold.tensor(value.offset, value.dtype, list(value.shape), value.kind)
+
+    def tensor_leaf(value: TensorLeaf) -> Any:
+        import torch
+
+        region = regions.get(id(value.region))
+        if region is None:
+            region = regions[id(value.region)] = slot_leaf(value.region)
+        dtype = _torch_dtypes()[value.dtype]
+        size = torch.empty(0, dtype=dtype).element_size()
+        byte_start = region.storage_offset() + value.byte_start
+        tensor = torch.empty(0, dtype=dtype)
+        if byte_start % size == 0:
+            tensor.set_(region.untyped_storage(), byte_start // size, value.shape, value.strides)
+        else:
+            # Tensors of different dtypes over one storage, this one at a
+            # place its element size does not divide: its own aligned copy.
+            reach = 1 + sum((n - 1) * st for n, st in zip(value.shape, value.strides, strict=True))
+            raw = region[value.byte_start : value.byte_start + reach * size].clone()
+            tensor = torch.as_strided(raw.view(dtype), value.shape, value.strides)
+        if value.parameter:
+            return torch.nn.Parameter(tensor, requires_grad=value.requires_grad)
+        return tensor.requires_grad_(value.requires_grad)
 
     def leaf(value: Any) -> Any:
+        if not isinstance(value, (SlotLeaf, TensorLeaf, FortranLeaf)):
+            return value
+        known = made.get(id(value))
+        if known is not None:
+            return known
         if isinstance(value, SlotLeaf):
-            return hold.tensor(value.offset, value.dtype, list(value.shape), value.kind)
-        return value
+            result = slot_leaf(value)
+        elif isinstance(value, TensorLeaf):
+            result = tensor_leaf(value)
+        else:
+            result = slot_leaf(value.transposed).T
+        made[id(value)] = result
+        return result
 
     return _map_structure(template, leaf)
