@@ -64,7 +64,12 @@ struct SharedFile {
   const std::string path;
 };
 
-class SharedSegment final : public Storage {
+// enable_shared_from_this: a segment handed to C++ from Python (a slot pool
+// adopting a worker's batch segment) is then held by its own shared_ptr, not by
+// one that keeps the Python wrapper alive; a batch tensor outliving the
+// extension module at interpreter exit (a view kept by torch) then holds no
+// Python object of ours, which nanobind would report as leaked.
+class SharedSegment final : public Storage, public std::enable_shared_from_this<SharedSegment> {
  public:
   enum class Reserve {
     kNow,    // every page at creation

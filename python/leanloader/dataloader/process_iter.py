@@ -299,7 +299,15 @@ class ProcessIterator:
             if not isinstance(error, _WorkerRaised):
                 self.shutdown(grace=ERROR_JOIN_S)
                 raise
-            raise error.error from None
+            raised = error.error
+        # Raised outside the except clause, and let go of here: raised inside
+        # it, the worker's error would hold the _WorkerRaised as its context,
+        # which holds it back (a cycle through this frame and the iterator,
+        # its batch segments included, until the garbage collector ran).
+        try:
+            raise raised
+        finally:
+            del raised
 
     def _next_data(self) -> Any:
         while True:
