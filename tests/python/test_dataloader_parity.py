@@ -1052,3 +1052,28 @@ def test_batches_and_views_held_at_exit_are_released_without_a_leak_report(tmp_p
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "8 8"
     assert "leaked" not in done.stderr, done.stderr
+
+
+class NeedsGrad(Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int):
+        return {"x": torch.ones(2).requires_grad_(), "i": i}
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_default_collate_of_samples_that_require_grad_fails_in_workers_as_torch(mode):
+    """torch's default_collate stacks into shared memory in a worker
+    (stack(out=)), which autograd refuses: the batch fails there, not quietly
+    without its grad."""
+
+    def error(loader):
+        with pytest.raises(RuntimeError) as caught:
+            next(iter(loader))
+        return str(caught.value).splitlines()[-1]
+
+    kwargs = dict(batch_size=2, num_workers=1)
+    ours = error(ll.DataLoader(NeedsGrad(), worker_mode=mode, **kwargs))
+    assert ours == error(_torch(NeedsGrad(), **kwargs))
+    assert "requires grad" in ours

@@ -342,6 +342,10 @@ def _plan_rows(
     import numpy as np
     import torch
 
+    if isinstance(sample, torch.Tensor) and sample.requires_grad:
+        # default_collate in a worker stacks into shared memory with out=,
+        # which autograd refuses: torch's collate decides (its error).
+        raise _NotStackable
     found = slot_array(sample, torch_names)
     if found is not None:
         kind, name, array = found
@@ -366,6 +370,8 @@ def _match_rows(sample: Any, skeleton: Any, torch_names: dict, out: list) -> boo
     to `out`; False when `sample` does not have the skeleton's structure,
     dtypes and shapes (default_collate then decides, with every sample)."""
     if isinstance(skeleton, _ArrayColumn):
+        if getattr(sample, "requires_grad", False):
+            return False  # (as in _plan_rows)
         found = slot_array(sample, torch_names)
         if found is None or found[0] != skeleton.kind or found[1] != skeleton.name:
             return False
