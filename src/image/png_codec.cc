@@ -60,9 +60,11 @@ std::string chunk_name(const std::byte* at) {
 // - up to the first IDAT (Image.open), every chunk complete with a correct
 //   CRC, and an iCCP profile compressed by method 0;
 // - after the image data (load_end), every chunk with a readable header is
-//   complete up to IEND (its CRC is not read there).
+//   complete up to IEND (its CRC is not read there);
+// - an APNG's frame control before the image data is for the whole image.
 void check_chunks_as_pillow(std::span<const std::byte> bytes) {
   size_t at = 8;
+  uint32_t image_width = 0, image_height = 0;
   const auto header_at = [&](size_t offset) { return offset + 8 <= bytes.size(); };
   for (;;) {
     if (!header_at(at) || !is_chunk_name(bytes.data() + at + 4)) {
@@ -79,6 +81,25 @@ void check_chunks_as_pillow(std::span<const std::byte> bytes) {
     const uint32_t crc = libdeflate_crc32(0, bytes.data() + at + 4, size_t{length} + 4);
     if (crc != load_u32(data + length, true)) {
       throw FormatError("PNG: broken file (bad checksum in the " + name + " chunk)");
+    }
+    if (name == "IHDR" && length >= 8) {
+      image_width = load_u32(data, true);
+      image_height = load_u32(data + 4, true);
+    }
+    if (name == "fcTL" && length >= 26) {
+      // An APNG frame control before the image data makes that data the
+      // first frame: Pillow decodes it as a frame of that size at that place
+      // (and fails when it holds the whole image), where libspng reads the
+      // whole image. The APNG rule is a frame of the whole image at (0, 0).
+      const uint32_t width = load_u32(data + 4, true), height = load_u32(data + 8, true);
+      const uint32_t x = load_u32(data + 12, true), y = load_u32(data + 16, true);
+      if (width != image_width || height != image_height || x != 0 || y != 0) {
+        throw FormatError("PNG: the APNG frame control before the image data is for a " +
+                          std::to_string(width) + "x" + std::to_string(height) + " frame at (" +
+                          std::to_string(x) + ", " + std::to_string(y) + "), not the whole " +
+                          std::to_string(image_width) + "x" + std::to_string(image_height) +
+                          " image");
+      }
     }
     if (name == "iCCP") {
       const auto* end = std::find(data, data + length, std::byte{0});

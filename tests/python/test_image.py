@@ -918,3 +918,39 @@ def test_rgba_resizes_premultiplied_as_pillow(tmp_path, size):
     (got,) = read_all(source)["image"]
     expected = Image.open(path).convert("RGBA").resize(size[::-1], Image.BILINEAR)
     assert np.array_equal(got, np.asarray(expected))
+
+
+def _apng(frame: tuple[int, int, int, int], width: int = 8, height: int = 6) -> bytes:
+    """An APNG of one frame whose frame control (width, height, x, y) comes
+    before the image data, which holds the whole width x height image."""
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return (
+            struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+        )
+
+    rows = b"".join(b"\0" + bytes((200, 30, 90)) * width for _ in range(height))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+        + chunk(b"acTL", struct.pack(">II", 1, 0))
+        + chunk(b"fcTL", struct.pack(">IIIIIHHBB", 0, *frame, 1, 10, 0, 0))
+        + chunk(b"IDAT", zlib.compress(rows))
+        + chunk(b"IEND", b"")
+    )
+
+
+@pytest.mark.parametrize("frame", [(8, 6, 0, 0), (4, 3, 0, 0), (8, 5, 0, 1)])
+def test_an_apng_first_frame_control_is_read_as_pillow_or_refused(tmp_path, frame):
+    """Pillow decodes the image data as the frame its control names (and
+    fails when the data holds the whole image), libspng as the whole image.
+    The APNG rule is a frame of the whole image at (0, 0): such a file equals
+    Pillow's; any other is refused, with the reason (Pillow refuses it, or
+    reads the image data as a smaller frame: (8, 5, 0, 1))."""
+    path = tmp_path / "x.png"
+    path.write_bytes(_apng(frame))
+    if frame == (8, 6, 0, 0):
+        np.testing.assert_array_equal(decode(path), pillow_rgb(path))
+        return
+    with pytest.raises((ValueError, OSError), match="frame control before the image data"):
+        decode(path)
