@@ -119,6 +119,28 @@ CacheLock CacheLock::open_shared(const std::string& directory, bool cleanup,
   return lock;
 }
 
+ManifestWriteLock::ManifestWriteLock(const std::string& directory) {
+  const std::string path = join_path(directory, ".manifest.lock");
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  if (fd_ < 0) {
+    if (errno == EROFS) return;
+    throw IoError("cannot open the cache's manifest lock for writing", path, errno);
+  }
+  int result;
+  do {
+    result = ::flock(fd_, LOCK_EX);
+  } while (result != 0 && errno == EINTR);
+  if (result != 0) {
+    const int error = errno;
+    ::close(fd_);
+    throw IoError("cannot lock the cache's manifest", path, error);
+  }
+}
+
+ManifestWriteLock::~ManifestWriteLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing releases the lock
+}
+
 std::vector<std::string> cleanup_cache_directory(const std::string& directory) {
   std::vector<std::string> names = list_files(directory);
   std::set<std::string> referenced;

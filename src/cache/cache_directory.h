@@ -67,6 +67,23 @@ class CacheLock {
   int fd_ = -1;
 };
 
+// Held while a writer reads manifest.json, merges what it has just published
+// into it and writes it back, so that writers publish one at a time (other
+// processes, or other writers in this one): none overwrites the entries
+// another published after it read the manifest. flock(LOCK_EX) on
+// "<directory>/.manifest.lock"; readers never take it. On a read-only file
+// system it locks nothing (nothing can be written there).
+class ManifestWriteLock {
+ public:
+  explicit ManifestWriteLock(const std::string& directory);
+  ~ManifestWriteLock();
+  ManifestWriteLock(const ManifestWriteLock&) = delete;
+  ManifestWriteLock& operator=(const ManifestWriteLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 // Removes stray temp files and shards referenced by neither manifest.json
 // nor any manifest.rank<r>.json. Call only under the exclusive lock. A
 // manifest that does not parse references nothing, but then no shard is

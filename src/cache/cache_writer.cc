@@ -61,6 +61,7 @@ size_t merge_parts_locked(const std::string& directory) {
   const std::vector<std::string> parts = rank_part_names(directory);
   if (parts.empty()) return 0;
   const std::string main_path = detail::join_path(directory, std::string(kCacheManifestName));
+  const detail::ManifestWriteLock writing(directory);
   CacheManifest merged;
   if (file_exists(main_path)) merged = read_cache_manifest(main_path);
   for (const std::string& part : parts) {
@@ -206,7 +207,7 @@ std::string CacheWriter::next_shard_name() {
 
 void CacheWriter::flush() {
   if (pending_.empty()) {
-    if (!manifest_exists_ && !options_.rank) publish_manifest();
+    if (!manifest_exists_ && !options_.rank) publish_manifest(CacheManifest{});
     return;
   }
   const std::string name = next_shard_name();
@@ -244,25 +245,33 @@ void CacheWriter::flush() {
     }
     published.entries.push_back(std::move(entry));
   }
-  merge_cache_manifest(visible_, published);
-  if (options_.rank) merge_cache_manifest(part_, published);
   pending_.clear();
   pending_bytes_ = 0;
   ++shards_published_;
+  publish_manifest(published);
+}
+
+void CacheWriter::publish_manifest(const CacheManifest& added) {
+  if (options_.rank) {
+    merge_cache_manifest(part_, added);
+    merge_cache_manifest(visible_, added);
+    publish_cache_manifest(detail::join_path(directory_, rank_part_name(*options_.rank)), part_);
+  } else {
+    // manifest.json as it is now, not as this writer read it: another
+    // writer's entries published since are kept (a copy read at the start
+    // and written back whole lost them: two builds of one cache, 200 + 200
+    // entries, left 200).
+    const detail::ManifestWriteLock writing(directory_);
+    const std::string main_path = detail::join_path(directory_, std::string(kCacheManifestName));
+    CacheManifest current = file_exists(main_path) ? read_cache_manifest(main_path) : visible_;
+    merge_cache_manifest(current, added);
+    publish_cache_manifest(main_path, current);
+    visible_ = std::move(current);
+    manifest_exists_ = true;
+  }
   visible_index_.clear();
   for (size_t e = 0; e < visible_.entries.size(); ++e) {
     visible_index_.emplace(visible_.entries[e].key, e);
-  }
-  publish_manifest();
-}
-
-void CacheWriter::publish_manifest() {
-  if (options_.rank) {
-    publish_cache_manifest(detail::join_path(directory_, rank_part_name(*options_.rank)), part_);
-  } else {
-    publish_cache_manifest(detail::join_path(directory_, std::string(kCacheManifestName)),
-                           visible_);
-    manifest_exists_ = true;
   }
 }
 

@@ -406,3 +406,37 @@ def test_a_second_reader_waits_for_no_one(tmp_path):
     assert time.monotonic() - start < 5
     assert other.removed_on_open == []
     assert len(other) == 1
+
+
+BUILDER = """
+import sys, time
+import numpy as np
+import leanloader as ll
+
+directory, tag = sys.argv[1], sys.argv[2]
+
+def encode(batch):
+    time.sleep(0.005)  # builds interleave: each publishes many times
+    return {"x": np.array([[float(k.split("-")[1])] * 4 for k in batch["key"]], np.float32)}
+
+cache = ll.TensorCache(directory, shard_bytes=256, output="numpy")
+print(cache.build([{"key": f"{tag}-{i}"} for i in range(120)], encode=encode, batch_size=4,
+                  progress=False)["built"])
+"""
+
+
+def test_two_processes_building_one_cache_keep_each_others_entries(tmp_path):
+    """Each publish merges into manifest.json as it is on disk, one writer at
+    a time: a writer's copy read at its start, written back whole, had
+    dropped every entry the other published meanwhile."""
+    directory = tmp_path / "cache"
+    ll.TensorCache(directory)
+    command = [sys.executable, "-c", BUILDER, str(directory)]
+    builders = [
+        subprocess.Popen([*command, tag], stdout=subprocess.PIPE, text=True) for tag in ("a", "b")
+    ]
+    assert [b.communicate(timeout=120)[0].strip() for b in builders] == ["120", "120"]
+    cache = ll.TensorCache(directory, output="numpy")
+    assert sorted(cache.keys()) == sorted(f"{t}-{i}" for t in "ab" for i in range(120))
+    assert all(cache[key]["x"][0] == float(key.split("-")[1]) for key in cache.keys())
+    assert cache.verify() == []

@@ -96,7 +96,11 @@ class CacheWriter {
 
   void check_schema(const std::string& key,
                     const std::vector<std::pair<std::string, Tensor>>& tensors);
-  void publish_manifest();
+  // Publishes `added` (entries and shards this writer has just written):
+  // into its rank part, or merged into manifest.json as it is on disk now,
+  // under detail::ManifestWriteLock (another writer may have published since
+  // this one read it).
+  void publish_manifest(const CacheManifest& added);
   std::string next_shard_name();
 
   std::string directory_;
