@@ -91,7 +91,12 @@ nb::dict entry_to_dict(const TensorCache& cache, int64_t index, const std::strin
   }
   nb::dict out;
   for (const auto& [name, tensor] : tensors) {
-    out[nb::str(name.data(), name.size())] = tensor_to_python(tensor, framework);
+    try {
+      out[nb::str(name.data(), name.size())] = tensor_to_python(tensor, framework);
+    } catch (const InvalidArgument& error) {
+      throw InvalidArgument(cache.sample_location(index) + " tensor '" + name +
+                            "': " + error.what());
+    }
   }
   return out;
 }

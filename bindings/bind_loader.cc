@@ -39,13 +39,17 @@ nb::dict batch_to_dict(const Source& source, Batch& batch, OutputFramework frame
   nb::dict out;
   const auto& fields = source.fields();
   for (size_t f = 0; f < fields.size(); ++f) {
-    if (!batch.stacked.empty()) {
-      out[fields[f].name.c_str()] = tensor_to_python(batch.stacked[f], framework);
-    } else {
-      nb::list items;
-      for (const Tensor& tensor : batch.listed[f])
-        items.append(tensor_to_python(tensor, framework));
-      out[fields[f].name.c_str()] = items;
+    try {
+      if (!batch.stacked.empty()) {
+        out[fields[f].name.c_str()] = tensor_to_python(batch.stacked[f], framework);
+      } else {
+        nb::list items;
+        for (const Tensor& tensor : batch.listed[f])
+          items.append(tensor_to_python(tensor, framework));
+        out[fields[f].name.c_str()] = items;
+      }
+    } catch (const InvalidArgument& error) {
+      throw InvalidArgument(source.describe() + " field '" + fields[f].name + "': " + error.what());
     }
   }
   return out;

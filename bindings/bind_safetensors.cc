@@ -67,7 +67,11 @@ void bind_safetensors(nb::module_& m) {
         nb::dict out;
         for (size_t i = 0; i < tensors.size(); ++i) {
           const std::string& name = file->header().tensors[i].name;
-          out[nb::str(name.data(), name.size())] = tensor_to_python(tensors[i], framework);
+          try {
+            out[nb::str(name.data(), name.size())] = tensor_to_python(tensors[i], framework);
+          } catch (const InvalidArgument& error) {
+            throw InvalidArgument("'" + path + "' tensor '" + name + "': " + error.what());
+          }
         }
         return out;
       },

@@ -124,6 +124,15 @@ nb::object device_tensor_to_python(const Tensor& tensor, OutputFramework framewo
 }  // namespace
 
 nb::object tensor_to_python(const Tensor& tensor, OutputFramework framework) {
+  // nanobind hands at most 128 dimensions to Python (more ends the process)
+  // and NumPy holds at most 64 (more came back as a 0-d object array).
+  const size_t dimensions = tensor.shape().size();
+  const bool numpy = framework == OutputFramework::kNumpy;
+  if (dimensions > (numpy ? 64u : 128u)) {
+    throw InvalidArgument(std::to_string(dimensions) + " dimensions: " +
+                          (numpy ? "NumPy holds at most 64 (output='torch' takes up to 128)"
+                                 : "at most 128 can be handed to Python"));
+  }
   const DeviceLocation device = tensor.storage()->device();
   if (!device.is_cpu()) return device_tensor_to_python(tensor, framework, device);
   if (dtype_is_subbyte(tensor.dtype())) return subbyte_to_python(tensor, framework);

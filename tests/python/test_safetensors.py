@@ -507,3 +507,48 @@ def test_well_formed_variants_load_like_the_reference(tmp_path, bytes_):
         assert ours[name].dtype == array.dtype
         assert ours[name].shape == array.shape
         assert ours[name].tobytes() == array.tobytes()
+
+
+DIMENSIONS_SCRIPT = """
+import json, struct, sys
+import leanloader as ll
+
+path, dims, output = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+header = json.dumps({"x": {"dtype": "U8", "shape": [1] * dims, "data_offsets": [0, 1]}}).encode()
+with open(path, "wb") as f:
+    f.write(struct.pack("<Q", len(header)) + header + b"\\x07")
+try:
+    tensor = ll.load_safetensors(path, output=output)["x"]
+    print("loaded", type(tensor).__module__, tensor.ndim)
+except ValueError as error:
+    print("refused", error)
+"""
+
+
+@pytest.mark.parametrize(
+    "dims,output,expected",
+    [
+        (64, "numpy", "loaded numpy 64"),
+        (65, "numpy", "refused"),
+        (128, "torch", "loaded torch 128"),
+        (129, "torch", "refused"),
+        (129, "numpy", "refused"),
+    ],
+)
+def test_tensors_with_more_dimensions_than_python_holds_are_refused_with_the_file(
+    tmp_path, dims, output, expected
+):
+    """NumPy holds at most 64 dimensions (more came back as a 0-d object
+    array) and nanobind hands at most 128 to Python (more ended the process);
+    the reference reads such files, so they are refused by name, not parsed
+    away."""
+    import subprocess
+    import sys
+
+    path = tmp_path / f"d{dims}.safetensors"
+    done = subprocess.run([sys.executable, "-c", DIMENSIONS_SCRIPT, str(path), str(dims), output],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(expected), done.stdout
+    if expected == "refused":
+        assert f"'{path}' tensor 'x': {dims} dimensions" in done.stdout
