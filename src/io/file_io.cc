@@ -166,6 +166,15 @@ AtomicFileWriter::AtomicFileWriter(std::string path)
     : path_(std::move(path)), temp_(unique_temporary_path(path_)) {
   fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
   if (fd_ < 0) throw IoError("cannot create", temp_, errno);
+  // A file replaced keeps its permission bits (a group-only file must not
+  // become readable by everyone through the umask's default).
+  struct stat existing {};
+  if (::stat(path_.c_str(), &existing) == 0 && S_ISREG(existing.st_mode) &&
+      ::fchmod(fd_, existing.st_mode & 07777) != 0) {
+    const int error = errno;
+    discard();
+    throw IoError("cannot give the permissions of the file it replaces to", temp_, error);
+  }
   buffer_.reserve(kWriteBufferBytes);
 }
 

@@ -93,8 +93,8 @@ void fsync_directory(const std::string& directory);
 // "<path>.tmp.<pid>.<12 random hex digits>" beside the target (created with
 // O_EXCL), and commit() fsyncs it, renames it over `path` and fsyncs the
 // directory. Destroyed without commit(), or when any step fails, the
-// temporary file is removed. Small writes are buffered; large ones go
-// straight through. Not thread-safe.
+// temporary file is removed. A file it replaces keeps its permission bits.
+// Small writes are buffered; large ones go straight through. Not thread-safe.
 class AtomicFileWriter {
  public:
   explicit AtomicFileWriter(std::string path);

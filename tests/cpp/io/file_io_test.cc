@@ -1,6 +1,7 @@
 #include "io/file_io.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <fstream>
@@ -21,6 +22,22 @@ TEST(ListDirectoryTest, ListsEntriesWithoutDotAndDotDot) {
   for (const DirectoryEntry& entry : list_directory(dir.path())) names.push_back(entry.name);
   std::sort(names.begin(), names.end());
   EXPECT_EQ(names, (std::vector<std::string>{"a.npy", "b.npy", "c.txt"}));
+}
+
+TEST(AtomicFileWriterTest, AReplacedFileKeepsItsPermissionBits) {
+  testing::TempDir dir;
+  const std::string path = dir.path() + "/weights.safetensors";
+  std::ofstream(path) << "old";
+  ASSERT_EQ(::chmod(path.c_str(), 0640), 0);
+  AtomicFileWriter writer(path);
+  writer.write("new");
+  writer.commit();
+  struct stat st {};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0640u);
+  std::string text;
+  std::ifstream(path) >> text;
+  EXPECT_EQ(text, "new");
 }
 
 TEST(ListDirectoryTest, AMissingOrUnreadableDirectoryIsAnIoErrorNamingIt) {
