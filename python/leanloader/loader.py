@@ -232,6 +232,12 @@ class Loader:
         batch; ``seed``, ``shuffle``, ``num_samples`` and ``source_fingerprint``
         make sure the position means the same samples when loaded. The size
         does not depend on the dataset's size.
+
+        After a pass left early (a ``break``), the state still locates the
+        rest of that pass: a restart from it continues there. Iterating this
+        loader again instead starts its next epoch, as a new pass over torch's
+        DataLoader does; ``load_state_dict(state_dict())`` first continues the
+        pass here.
         """
         return state_to_dict(self._core.state())
 

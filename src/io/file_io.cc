@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <random>
 
+#include "core/page_size.h"
 #include "leanloader/core/error.h"
 
 namespace leanloader::detail {
@@ -40,6 +41,18 @@ File::File(const std::string& path) : path_(path) {
     throw IoError("cannot stat", path, error_number);
   }
   size_ = static_cast<size_t>(st.st_size);
+}
+
+size_t File::current_size() const {
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) throw IoError("cannot stat", path_, errno);
+  return static_cast<size_t>(st.st_size);
+}
+
+bool mapped_bytes_still_in_file(const File& file, size_t mapped_bytes, size_t end) {
+  const size_t page = page_size();
+  const size_t last_page_starts = mapped_bytes == 0 ? 0 : (mapped_bytes - 1) / page * page;
+  return end <= last_page_starts || file.current_size() >= end;
 }
 
 File::~File() {

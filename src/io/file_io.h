@@ -23,7 +23,9 @@ class File {
   File(const File&) = delete;
   File& operator=(const File&) = delete;
 
-  size_t size() const noexcept { return size_; }
+  size_t size() const noexcept { return size_; }  // at open
+  // The file's size now (fstat): it may have shrunk since open. Throws IoError.
+  size_t current_size() const;
   const std::string& path() const noexcept { return path_; }
   int fd() const noexcept { return fd_; }
 
@@ -47,6 +49,14 @@ class File {
 };
 
 std::vector<std::byte> read_file_prefix(const std::string& path, size_t max_bytes);
+
+// Whether a mapping of the first `mapped_bytes` of `file` still reads the
+// file's bytes up to `end` (<= mapped_bytes). A page the file has lost since
+// it was mapped raises SIGBUS when read (io/guarded_copy.h), but the part of
+// the last page past a new, shorter end reads as zeros: a range that ends in
+// the last mapped page is checked against the file's size now (an fstat, for
+// those ranges only).
+bool mapped_bytes_still_in_file(const File& file, size_t mapped_bytes, size_t end);
 
 // What tells one file from another under the same name: a file opened again
 // later must have the identity it had when a source first opened it, else it

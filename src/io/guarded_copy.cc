@@ -28,25 +28,47 @@ void on_sigbus(int signal_number, siginfo_t* info, void* context) {
   forward_to_previous(g_previous, signal_number, info, context);  // not ours
 }
 
-void install_handler() { install_chained_handler(SIGBUS, &on_sigbus, &g_previous); }
+void install_handler_once() {
+  static std::once_flag installed;
+  std::call_once(installed, [] { install_chained_handler(SIGBUS, &on_sigbus, &g_previous); });
+}
+
+// Back from the handler without restoring the signal mask (saving it would
+// cost a system call per copy). SA_NODEFER leaves SIGBUS unblocked where the
+// kernel runs our handler, but a runtime that wraps handlers (ThreadSanitizer's)
+// may have blocked it: unblock it, or this thread's next SIGBUS would kill the
+// process.
+void unblock_sigbus() noexcept {
+  sigset_t bus;
+  sigemptyset(&bus);
+  sigaddset(&bus, SIGBUS);
+  pthread_sigmask(SIG_UNBLOCK, &bus, nullptr);
+}
 
 }  // namespace
 
+bool guarded_call(void (*body)(void*), void* context) noexcept {
+  install_handler_once();
+  sigjmp_buf*& guarded = t_guarded_copy;
+  sigjmp_buf jump;
+  if (sigsetjmp(jump, 0) != 0) {
+    unblock_sigbus();
+    return false;
+  }
+  guarded = &jump;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  body(context);
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  guarded = nullptr;
+  return true;
+}
+
 bool guarded_copy(void* dst, const void* src, size_t bytes, Stores stores) noexcept {
-  static std::once_flag installed;
-  std::call_once(installed, install_handler);
+  install_handler_once();
   sigjmp_buf*& guarded = t_guarded_copy;  // one lookup of the thread-local
   sigjmp_buf jump;
   if (sigsetjmp(jump, 0) != 0) {
-    // Back from the handler without restoring the signal mask (saving it
-    // would cost a system call per copy). SA_NODEFER leaves SIGBUS unblocked
-    // where the kernel runs our handler, but a runtime that wraps handlers
-    // (ThreadSanitizer's) may have blocked it: unblock it, or this thread's
-    // next SIGBUS would kill the process.
-    sigset_t bus;
-    sigemptyset(&bus);
-    sigaddset(&bus, SIGBUS);
-    pthread_sigmask(SIG_UNBLOCK, &bus, nullptr);
+    unblock_sigbus();
     return false;
   }
   guarded = &jump;

@@ -23,4 +23,9 @@ namespace leanloader::detail {
 bool guarded_copy(void* dst, const void* src, size_t bytes,
                   Stores stores = Stores::kCached) noexcept;
 
+// body(context) with the same guard, for reads of a mapping other than one
+// copy (a strided gather); false when it raised SIGBUS. `body` is left by a
+// jump then: it must own nothing a destructor would release.
+bool guarded_call(void (*body)(void*), void* context) noexcept;
+
 }  // namespace leanloader::detail

@@ -110,9 +110,13 @@ class HeaderDictParser {
   Shape parse_shape() {
     expect('(');
     Shape shape;
+    bool comma_after_last = false;
     while (true) {
       skip_space();
       if (peek() == ')') {
+        // Python's "(6)" is the number 6, not a tuple: numpy refuses it
+        // ("shape is not valid"); a one-element tuple is "(6,)".
+        if (shape.size() == 1 && !comma_after_last) fail("a one-dimension shape is '(n,)'");
         ++pos_;
         return shape;
       }
@@ -129,7 +133,8 @@ class HeaderDictParser {
       shape.push_back(dim);
       if (shape.size() > 32) fail("more than 32 dimensions");
       skip_space();
-      if (peek() == ',') {
+      comma_after_last = peek() == ',';
+      if (comma_after_last) {
         ++pos_;
       } else if (peek() != ')') {
         fail("expected ',' or ')' in the shape");

@@ -51,6 +51,7 @@ ResidentCopy copy_if_resident(void* dst, const std::byte* mapped, size_t bytes,
 bool read_noting_misses(const File& file, const MappedFile& mapping, size_t offset,
                         std::span<std::byte> dst, Stores stores) {
   if (stores == Stores::kStreaming && range_fits(offset, dst.size(), mapping.size()) &&
+      mapped_bytes_still_in_file(file, mapping.size(), offset + dst.size()) &&
       copy_if_resident(dst.data(), mapping.data() + offset, dst.size(), stores) ==
           ResidentCopy::kCopied) {
     return true;

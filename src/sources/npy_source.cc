@@ -158,6 +158,27 @@ void NpySource::read_sample(int64_t index, SampleWriter& writer) const {
   }
 }
 
+namespace {
+
+[[noreturn]] void throw_row_gone(const std::string& path, int64_t index) {
+  throw FormatError("'" + path + "': row " + std::to_string(index) +
+                    " is no longer in the file (it was truncated or rewritten while being read)");
+}
+
+struct StridedGather {
+  const std::byte* src;
+  const Shape* shape;
+  const Shape* strides;
+  size_t itemsize;
+  std::byte* dst;
+  static void run(void* self) {
+    const auto& gather = *static_cast<const StridedGather*>(self);
+    copy_strided(gather.src, *gather.shape, *gather.strides, gather.itemsize, gather.dst);
+  }
+};
+
+}  // namespace
+
 void NpySource::read_from_arrays(int64_t index, SampleWriter& writer) const {
   const detail::Stores stores =
       writer.prefers_streaming_stores() ? detail::Stores::kStreaming : detail::Stores::kCached;
@@ -175,14 +196,21 @@ void NpySource::read_from_arrays(int64_t index, SampleWriter& writer) const {
       // The mapping covers the file as it was at open; a row beyond the
       // file's size then, or a page the file has lost since, is an error.
       if (!range_fits(offset, dst.size(), array.mapping->size()) ||
+          !detail::mapped_bytes_still_in_file(*array.reader, array.mapping->size(),
+                                              offset + dst.size()) ||
           !detail::guarded_copy(dst.data(), array.mapping->data() + offset, dst.size(), stores)) {
-        throw FormatError("'" + array.path + "': row " + std::to_string(index) +
-                          " is no longer in the file (it was truncated or rewritten while "
-                          "being read)");
+        throw_row_gone(array.path, index);
       }
     } else {
-      copy_strided(array.mapping->data() + offset, array.row_shape, array.row_strides,
-                   dtype_size(array.header.dtype), dst.data());
+      // A Fortran row is gathered from the whole data: the file must still
+      // hold all of it, and a page lost meanwhile is caught as for C rows.
+      StridedGather gather{array.mapping->data() + offset, &array.row_shape, &array.row_strides,
+                           dtype_size(array.header.dtype), dst.data()};
+      if (!detail::mapped_bytes_still_in_file(*array.reader, array.mapping->size(),
+                                              array.mapping->size()) ||
+          !detail::guarded_call(&StridedGather::run, &gather)) {
+        throw_row_gone(array.path, index);
+      }
     }
   }
 }

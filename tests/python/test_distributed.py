@@ -295,3 +295,42 @@ def test_torchrun_two_ranks_over_npy_and_cache(data):
     assert sorted(set(consumed) | {i for r in rest for i in r}) == list(range(SIZE))
     assert len(consumed) + sum(map(len, rest)) == SIZE + 2 * BATCH
     assert remaining == sum(map(len, rest)) - 2 * BATCH
+
+
+def test_a_pass_left_early_is_what_its_state_resumes_and_not_what_iterating_again_gives():
+    """After a `break`, state_dict() still locates the rest of the pass (what
+    a restart from the checkpoint gives: the "stop at max_steps, save, exit"
+    loop), while iterating the same loader again starts its next epoch, as
+    a new pass over torch's DataLoader does; loading its own state first
+    continues the pass in this process."""
+
+    def make():
+        return ll.Loader(ll.ArraySource({"id": np.arange(50)}), batch_size=5, shuffle=True,
+                         seed=7, num_threads=2, output="numpy")  # fmt: skip
+
+    def ids(loader):
+        return [np.asarray(b["id"]).tolist() for b in loader]
+
+    epochs = []
+    for epoch in (0, 1):
+        reference = make()
+        reference.set_epoch(epoch)
+        epochs.append(ids(reference))
+
+    def left_after_three():
+        loader = make()
+        for taken, _ in enumerate(loader, start=1):
+            if taken == 3:
+                break
+        return loader
+
+    live = left_after_three()
+    state = live.state_dict()
+    assert (state["epoch"], state["samples_consumed"]) == (0, 15)
+    assert ids(live) == epochs[1]
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert ids(resumed) == epochs[0][3:]
+    same = left_after_three()
+    same.load_state_dict(same.state_dict())
+    assert ids(same) == epochs[0][3:]

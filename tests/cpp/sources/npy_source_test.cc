@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <numeric>
 
 #include "leanloader/core/error.h"
@@ -74,6 +75,8 @@ TEST(NpyFormatTest, RejectsMalformedHeadersNamingTheFile) {
       header_with("{'descr': '<f4', 'fortran_order': False, 'shape': (-3,), }"),
       header_with("{'descr': '<f4', 'fortran_order': False, 'shape': (3,), 'x': 1}"),
       header_with("{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,), }"),
+      // "(6)" is Python's number 6, not a tuple: numpy refuses it.
+      header_with("{'descr': '<f4', 'fortran_order': False, 'shape': (6), }"),
       std::string("\x93NUMPY\x01\x00\xff\xff", 10),
   };
   for (const std::string& bytes : bad) {
@@ -181,6 +184,41 @@ TEST(NpySourceTest, FileTruncatedWhileOpenIsAnErrorNotACrash) {
       // rows still in the file read as before
       source->read_sample(0, writer);
       EXPECT_EQ(reinterpret_cast<const float*>(writer.buffers[0].data())[1], 1.0f);
+    }
+  }
+}
+
+// A file that loses only a few bytes keeps its last page mapped: the lost
+// bytes read as zeros there, not SIGBUS. A row that ends in the last page is
+// checked against the file's size now, in C order (copied or, with streaming
+// stores, read straight from a resident mapping) and in Fortran order, whose
+// rows are gathered from the whole file (a larger cut raised SIGBUS there,
+// unguarded, and killed the process).
+TEST(NpySourceTest, AFileThatLostItsLastBytesIsAnErrorNotZeros) {
+  for (const bool fortran : {false, true}) {
+    for (const off_t cut : {off_t{4}, off_t{3000}}) {
+      for (const bool streaming : {false, true}) {
+        TempDir dir;
+        const int64_t rows = 1000, columns = 10;
+        std::vector<float> x(static_cast<size_t>(rows * columns), 1.0f);
+        testing::write_npy(dir.file("x.npy"), DType::kF32, {rows, columns}, x.data(),
+                           x.size() * sizeof(float), fortran);
+        const auto source = NpySource::from_arrays({{"x", dir.file("x.npy")}});
+        CollectingWriter writer(*source, streaming);
+        source->read_sample(rows - 1, writer);  // mapped while whole
+        const off_t size = static_cast<off_t>(std::filesystem::file_size(dir.file("x.npy")));
+        ASSERT_EQ(::truncate(dir.file("x.npy").c_str(), size - cut), 0);
+        const std::string message = [&] {
+          try {
+            source->read_sample(rows - 1, writer);
+          } catch (const FormatError& e) {
+            return std::string(e.what());
+          }
+          return std::string("(no error)");
+        }();
+        EXPECT_NE(message.find("x.npy"), std::string::npos)
+            << "fortran " << fortran << " cut " << cut << ": " << message;
+      }
     }
   }
 }
