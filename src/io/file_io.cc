@@ -14,7 +14,6 @@
 #include <cstdlib>
 #include <random>
 
-#include "core/page_size.h"
 #include "leanloader/core/error.h"
 
 namespace leanloader::detail {
@@ -49,11 +48,7 @@ size_t File::current_size() const {
   return static_cast<size_t>(st.st_size);
 }
 
-bool mapped_bytes_still_in_file(const File& file, size_t mapped_bytes, size_t end) {
-  const size_t page = page_size();
-  const size_t last_page_starts = mapped_bytes == 0 ? 0 : (mapped_bytes - 1) / page * page;
-  return end <= last_page_starts || file.current_size() >= end;
-}
+bool file_still_reaches(const File& file, size_t end) { return file.current_size() >= end; }
 
 File::~File() {
   if (fd_ >= 0) ::close(fd_);
