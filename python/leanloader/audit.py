@@ -208,10 +208,12 @@ def audit(dataset: Any, *, threshold: int = REPORT_THRESHOLD_BYTES) -> AuditRepo
 
 def _audit_value(path: str, value: Any, threshold: int, np: Any, torch: Any) -> AuditEntry | None:
     if isinstance(value, np.ndarray):
-        from leanloader.dataloader.sharing import file_array_reference
+        from leanloader.dataloader.sharing import arena_array_reference, file_array_reference
 
         if file_array_reference(value, threshold) is not None:
             return None  # mapped again by each worker under ll.DataLoader (page cache)
+        if arena_array_reference(value) is not None:
+            return None  # a RawArray's arena file, mapped shared by each worker
         if value.nbytes < threshold:
             return None
         what = f"numpy.ndarray {value.dtype} {tuple(value.shape)}"

@@ -196,6 +196,106 @@ def test_ndarray_subclasses_keep_their_type_as_with_torch():
     assert ours[0][0][2] == 4.0 and ours[0][0][3] == ours[0][0][4] == 1.0
 
 
+class Layouts(Dataset):
+    """Arrays whose layout and flags a worker's code may rely on: a
+    Fortran-ordered matrix (a BLAS result, a MATLAB file's array), a
+    read-only buffer (np.frombuffer of a file's bytes), and a tensor the
+    program put in shared memory to collect what workers write."""
+
+    def __init__(self) -> None:
+        self.fortran = np.asfortranarray(np.arange(MIB, dtype=np.float32).reshape(1024, 1024))
+        self.frozen = np.frombuffer(bytes(4 * MIB), dtype=np.float32)
+        self.small_frozen = np.frombuffer(bytes(256), dtype=np.float32)
+        self.collected = torch.zeros(16).share_memory_()  # 64 bytes
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int):
+        self.collected[i] = i + 1
+        writes = []
+        for array in (self.frozen, self.small_frozen):
+            try:
+                array[0] = 1.0
+                writes.append(1.0)
+            except ValueError:
+                writes.append(0.0)
+        return torch.tensor(
+            [*self.fortran.strides, *self.fortran.ravel(order="K")[:2].tolist(),
+             float(self.fortran.flags.f_contiguous), *writes]
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("strategy", ["file_descriptor", "file_system"])
+def test_array_layout_read_only_flags_and_shared_tensors_as_with_torch_fork(strategy):
+    import torch.multiprocessing
+
+    before = torch.multiprocessing.get_sharing_strategy()
+    torch.multiprocessing.set_sharing_strategy(strategy)
+    try:
+        seen = {}
+        for name in ("ll", "ll-in-place", "fork"):
+            dataset = Layouts()
+            if name == "fork":
+                loader = _torch_loader(dataset, name)
+            else:
+                loader = _ll_loader(dataset, share_in_place=name == "ll-in-place")
+            seen[name] = (_pass(loader), dataset.collected[:4].tolist())
+            # (moved in place, the program's own array keeps its order)
+            assert dataset.fortran.flags.f_contiguous
+    finally:
+        torch.multiprocessing.set_sharing_strategy(before)
+    assert seen["ll"] == seen["ll-in-place"] == seen["fork"]
+    rows, collected = seen["ll"]
+    # Fortran order kept, both read-only arrays refused the write, and the
+    # worker's writes reached the program's shared tensor
+    assert rows[0][0] == [4.0, 4096.0, 0.0, 1024.0, 1.0, 0.0, 0.0]
+    assert collected == [1.0, 2.0, 3.0, 4.0]
+
+
+class SharedByTheProgram(Dataset):
+    """Arrays over memory the program shares on purpose so that workers can
+    write results into it: a small SharedMemory block, RawArray, and a
+    synchronized Array, at sizes below and above the share threshold."""
+
+    def __init__(self, blocks: list) -> None:
+        import multiprocessing
+        from multiprocessing import shared_memory
+
+        small = shared_memory.SharedMemory(create=True, size=512 * 1024)
+        blocks.append(small)
+        self.arrays = [
+            np.ndarray((128 * 1024,), np.float32, buffer=small.buf),
+            np.frombuffer(multiprocessing.RawArray("f", MIB), np.float32),
+            np.frombuffer(multiprocessing.RawArray("d", 64), np.float64)[8:32:2],
+            np.frombuffer(multiprocessing.Array("i", 1000).get_obj(), np.int32),
+        ]
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int):
+        for array in self.arrays:
+            array[i] = i + 1
+        return i
+
+
+def test_workers_write_into_memory_the_program_shares_as_with_torch_fork():
+    blocks: list = []
+    try:
+        seen = {}
+        for name in ("ll", "fork"):
+            dataset = SharedByTheProgram(blocks)
+            loader = _ll_loader(dataset) if name == "ll" else _torch_loader(dataset, name)
+            _pass(loader)
+            seen[name] = [array[:4].tolist() for array in dataset.arrays]
+        assert seen["ll"] == seen["fork"] == [[1, 2, 3, 4]] * 4
+    finally:
+        for block in blocks:
+            block.close()
+            block.unlink()
+
+
 # --- share_in_place over reallocated tensors ----------------------------------------------
 
 
@@ -254,6 +354,40 @@ def test_fresh_views_every_pass_do_not_grow_shared_memory():
         held.append(memory["fd_shmem_bytes"] + memory["pss_shmem_bytes"])
     assert len(loader.dataset_sharing().segments) == 1
     assert held[-1] <= held[1] + 4 * MIB, held
+
+
+class Replenished(Dataset):
+    """Between passes, a tensor gets a new storage (`t.data = ...`) and the
+    array shows a longer prefix of a preallocated buffer (a replay buffer
+    filling up)."""
+
+    def __init__(self) -> None:
+        self.buffer = np.zeros(32 * MIB, dtype=np.uint8)
+        self.filled = self.buffer[:MIB]
+        self.weights = torch.zeros(MIB)
+
+    def next_pass(self, n: int) -> None:
+        self.weights.data = torch.full((MIB,), float(n))
+        self.filled = self.buffer[: (n + 1) * MIB]
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int):
+        return torch.tensor([float(self.weights[i]), float(len(self.filled))])
+
+
+def test_copies_no_pass_refers_to_are_dropped_as_the_dataset_changes():
+    dataset = Replenished()
+    loader = _ll_loader(dataset)
+    for n in range(8):
+        dataset.next_pass(n)
+        assert _pass(loader)[0][0] == [float(n), float((n + 1) * MIB)]
+    # one copy for the tensor's current storage, one for the current prefix,
+    # one for the whole buffer (each superseded one left: 8 passes had kept 17)
+    sharing = loader.dataset_sharing()
+    assert len(sharing.copies) == 3
+    assert sum(c.nbytes for c in sharing.copies.values()) == 4 * MIB + 8 * MIB + 32 * MIB
 
 
 # --- the shared memory itself -------------------------------------------------------------

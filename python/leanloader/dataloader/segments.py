@@ -95,18 +95,44 @@ def rebuild_array(
     dtype: str,
     shape: tuple,
     copy: bool = False,
+    fortran: bool = False,
+    writeable: bool = True,
 ) -> Any:
     """A NumPy array in a shared segment of the main process, mapped
     copy-on-write: like the pickled copy torch gives each worker, writes stay
     in the worker, but only the pages written are copied. In the owner
     process an array moved into the segment (not a `copy` of one) is the
-    segment itself."""
+    segment itself. `shape` is the C-ordered shape of the bytes; a `fortran`
+    array is its transpose. A read-only array stays read-only, as fork
+    keeps it."""
     import numpy as np
 
     mode = "shared" if reference[0] == os.getpid() and not copy else "private"
     segment = attach_segment(*reference, mode=mode)
     array = segment.array(offset, NUMPY_TO_NAME[dtype], list(shape), "numpy")
-    return array.view(np.dtype(dtype))
+    array = array.view(np.dtype(dtype))
+    if fortran:
+        array = array.T
+    if not writeable:
+        array.flags.writeable = False
+    return array
+
+
+def rebuild_arena_array(
+    reference: tuple[int, int, int, int, int], offset: int, dtype: Any, shape: tuple,
+    strides: tuple, writeable: bool,
+) -> Any:  # fmt: skip
+    """An array over a multiprocessing RawArray of the main process (see
+    sharing.arena_array_reference): its arena file mapped shared, so that
+    writes reach every process as they do from a forked worker."""
+    import numpy as np
+
+    segment = attach_segment(*reference, mode="shared")
+    base = segment.array(0, "U8", [reference[4]], "numpy")
+    array = np.ndarray(shape, np.dtype(dtype), buffer=base, offset=offset, strides=strides)
+    if not writeable:
+        array.flags.writeable = False
+    return array
 
 
 def rebuild_tensor(

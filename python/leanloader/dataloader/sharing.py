@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import copyreg
 import io
+import mmap
+import multiprocessing.heap
 import os
 import pickle
 import sys
@@ -33,6 +35,7 @@ from leanloader import _core
 from leanloader.dataloader.segments import (
     NUMPY_TO_NAME,
     range_reference,
+    rebuild_arena_array,
     rebuild_array,
     rebuild_file_array,
     rebuild_file_tensor,
@@ -72,9 +75,10 @@ class DatasetSharing:
     A shared copy is made the first time an array or tensor is pickled and
     reused by later pickles (each pass of non-persistent workers) only while
     the source still holds the copy's bytes: a pass sees what the main
-    process wrote before it, as torch's workers do. A superseded copy, and
-    the copy of a source that is gone, leave this object; an iterator holds
-    the segments its workers attach (take_used) until its workers are gone."""
+    process wrote before it, as torch's workers do. A superseded copy, a
+    copy the last pickle did not refer to, and the copy of a source that is
+    gone leave this object; an iterator holds the segments its workers
+    attach (take_used) until its workers are gone."""
 
     def __init__(self, threshold: int, shm_dir: str | None) -> None:
         self.threshold = threshold
@@ -90,6 +94,10 @@ class DatasetSharing:
         self.shared_page_bytes = 0
         self.torch = sys.modules.get("torch")
         self._used: dict[int, Any] = {}  # segments referenced since take_used()
+        # During a dump: the keys of the copies it refers to. The copies it
+        # does not refer to serve no later pass and are dropped after it (a
+        # tensor given a new storage, a growing prefix of a buffer).
+        self._dump_keys: set[tuple] | None = None
         self._moved: dict[int, Any] = {}  # during one dump: old storage address -> moved
         # Where this dump's new copies go: one file (one descriptor here and
         # in each worker) for all of them (_core.SharedArena). A new arena per
@@ -185,7 +193,7 @@ class DatasetSharing:
         None. What is a file's bytes is not malloc's block: the refusal
         check that follows rules it out."""
         if type(value) is np.ndarray:
-            if value.nbytes < self.threshold or not value.flags.c_contiguous:
+            if value.nbytes < self.threshold or not _in_memory_order(value)[0].flags.c_contiguous:
                 return None
             if value.dtype.str not in NUMPY_TO_NAME or _numpy_block_owner(value, np) is None:
                 return None
@@ -223,10 +231,19 @@ class DatasetSharing:
         return self._arena_now().allocate(max(1, int(nbytes)))
 
     def _to_segment(self, array: Any, np: Any) -> tuple[Any, Any]:
+        """An equal array in a new segment, in `array`'s memory order (a
+        Fortran-ordered array stays Fortran-ordered, as pickle keeps it) and
+        read-only where `array` is."""
+        in_order, fortran = _in_memory_order(array)
         segment = self._new_segment(array.nbytes)
-        segment.write(0, np.ascontiguousarray(array))
-        shared = segment.array(0, NUMPY_TO_NAME[array.dtype.str], list(array.shape), "numpy")
-        return shared.view(array.dtype), segment
+        segment.write(0, np.ascontiguousarray(in_order))
+        name = NUMPY_TO_NAME[array.dtype.str]
+        shared = segment.array(0, name, list(in_order.shape), "numpy").view(array.dtype)
+        if fortran:
+            shared = shared.T
+        if not array.flags.writeable:
+            shared.flags.writeable = False
+        return shared, segment
 
     def dumps(self, obj: Any, forking: bool = False) -> bytes:
         """`obj` pickled with references to shared segments. With `forking`
@@ -235,11 +252,23 @@ class DatasetSharing:
         self._drop_orphans()
         self._arena = None  # (its segments keep it while they live)
         buffer = io.BytesIO()
+        self._dump_keys = set()
         try:
             SharingPickler(buffer, self, forking).dump(obj)
+            # (the segments of earlier passes stay with their iterators: take_used)
+            for key in [k for k in self.copies if k not in self._dump_keys]:
+                del self.copies[key]
         finally:
             self._moved = {}  # (an address freed later may come back as another storage)
+            self._dump_keys = None
         return buffer.getvalue()
+
+    def _served(self, key: tuple, copy: _Copy) -> _Copy:
+        """`copy`, kept under `key` and noted as referred to by this dump."""
+        self.copies[key] = copy
+        if self._dump_keys is not None:
+            self._dump_keys.add(key)
+        return copy
 
     def _use(self, segment: Any) -> Any:
         self._used[id(segment)] = segment
@@ -269,38 +298,51 @@ class DatasetSharing:
         return segment, offset, shared > 0
 
     def _shared_copy(self, array: Any, np: Any) -> Any:
-        """The shared copy of `array`: made once, and again after the main
+        """The shared copy of `array` in its memory order (see
+        _in_memory_order: the copy is C-contiguous, of the transposed shape
+        for a Fortran-ordered array): made once, and again after the main
         process wrote the array."""
+        in_order, _fortran = _in_memory_order(array)
         address = array.__array_interface__["data"][0]
-        owner = _numpy_block_owner(array, np) if array.nbytes and array.flags.c_contiguous else None
+        owner = (
+            _numpy_block_owner(array, np) if array.nbytes and in_order.flags.c_contiguous else None
+        )
         if owner is not None:
             key: tuple = ("block", address, int(array.nbytes))
             kept = self._current(key, address)
             if kept is not None:
-                return kept.shared
+                return self._served(key, kept).shared
             segment, offset, pages_shared = self._copy_sharing_pages(address, int(array.nbytes))
             name = NUMPY_TO_NAME[array.dtype.str]
-            shared = segment.array(offset, name, list(array.shape), "numpy").view(array.dtype)
+            shared = segment.array(offset, name, list(in_order.shape), "numpy").view(array.dtype)
             reference = weakref.ref(owner)
         else:
             key = ("array", id(array))
             kept = self.copies.get(key)
-            if kept is not None and kept.owner() is array and _same_values(array, kept.shared, np):
-                return kept.shared
+            if (
+                kept is not None
+                and kept.owner() is array
+                and _same_values(in_order, kept.shared, np)
+            ):
+                return self._served(key, kept).shared
             self.copies.pop(key, None)
-            shared, segment = self._to_segment(array, np)
+            shared, segment = self._to_segment(in_order, np)
+            shared.flags.writeable = True  # (the copy itself; rebuild_array sets the flag)
             pages_shared = False
             try:
                 reference = weakref.ref(array)
             except TypeError:
                 return shared  # an array type without weak references: copied each time
-        self.copies[key] = _Copy(
-            reference,
-            shared,
-            segment,
-            shared.__array_interface__["data"][0],
-            int(array.nbytes),
-            pages_shared,
+        self._served(
+            key,
+            _Copy(
+                reference,
+                shared,
+                segment,
+                shared.__array_interface__["data"][0],
+                int(array.nbytes),
+                pages_shared,
+            ),
         )
         return shared
 
@@ -310,15 +352,19 @@ class DatasetSharing:
         reference = file_array_reference(array, self.threshold)
         if reference is not None:
             return (rebuild_file_array, reference)  # the file is mapped again: nothing copied
+        reference = arena_array_reference(array)
+        if reference is not None:
+            return (rebuild_arena_array, reference)  # (RawArray: workers write into it)
         if type(array) not in (np.ndarray, np.memmap):
             # MaskedArray, matrix, recarray...: pickled as NumPy pickles
             # them (a copy per worker, as torch sends them), with their type
             return NotImplemented
         if array.dtype.str not in NUMPY_TO_NAME or array.nbytes < self.threshold:
             return NotImplemented
+        in_order, fortran = _in_memory_order(array)
         address = array.__array_interface__["data"][0]
         segment = _core.find_shared_segment(address)
-        copy = segment is None or not array.flags.c_contiguous
+        copy = segment is None or not in_order.flags.c_contiguous
         if copy:
             shared = self._shared_copy(array, np)  # one copy for all workers
             address = shared.__array_interface__["data"][0]
@@ -326,15 +372,19 @@ class DatasetSharing:
         offset = address - segment.address
         return (
             rebuild_array,
-            (range_reference(self._use(segment)), offset, array.dtype.str, array.shape, copy),
-        )
+            (range_reference(self._use(segment)), offset, array.dtype.str, in_order.shape, copy,
+             fortran, bool(array.flags.writeable)),
+        )  # fmt: skip
 
     def reduce_tensor(self, tensor: Any) -> Any:
         torch = self.torch
         if not _plain_cpu_tensor(tensor, torch):
             return NotImplemented  # (sparse, nested and quantized tensors pickle as torch does)
         storage = tensor.untyped_storage()
-        if storage.nbytes() >= self.threshold:
+        # A file's bytes are mapped again at any size where torch shared them
+        # (share_memory_() under the file_system strategy: a file in
+        # /dev/shm): the workers' writes must reach the program's tensor.
+        if storage.nbytes() >= self.threshold or (storage.nbytes() and storage.is_shared()):
             backing = _core.file_backing(storage.data_ptr(), storage.nbytes())
             if backing is not None:  # torch.load(mmap=True), safetensors: mapped again
                 return (
@@ -369,7 +419,7 @@ class DatasetSharing:
         key = ("storage", old.data_ptr(), old.nbytes())
         kept = self._current(key, old.data_ptr())
         if kept is not None:
-            return kept.shared
+            return self._served(key, kept).shared
         if old.nbytes() and not _pinned(old):
             # Its pages are taken where the storage is a whole block glibc's
             # malloc mapped (make_shared_copy checks the block's malloc
@@ -387,13 +437,16 @@ class DatasetSharing:
         shared_storage = raw.untyped_storage()
         # the copy serves while the pickled tensor (and so the storage) lives:
         # its address cannot be another storage's meanwhile
-        self.copies[key] = _Copy(
-            weakref.ref(tensor),
-            shared_storage,
-            segment,
-            shared_storage.data_ptr(),
-            old.nbytes(),
-            pages_shared,
+        self._served(
+            key,
+            _Copy(
+                weakref.ref(tensor),
+                shared_storage,
+                segment,
+                shared_storage.data_ptr(),
+                old.nbytes(),
+                pages_shared,
+            ),
         )
         return shared_storage
 
@@ -458,8 +511,9 @@ def file_array_reference(array: Any, min_bytes: int) -> tuple | None:
 
     if array.size == 0 or array.dtype.hasobject:
         return None
-    if not isinstance(array, np.memmap) and array.nbytes < min_bytes:
-        return None
+    if array.nbytes < min_bytes and not isinstance(array, np.memmap):
+        if not isinstance(_final_base(array, np), mmap.mmap):
+            return None  # (a SharedMemory's small arrays are looked up: their writes are shared)
     low, high = byte_bounds(array)
     backing = _core.file_backing(low, high - low)
     if backing is None:
@@ -467,6 +521,40 @@ def file_array_reference(array: Any, min_bytes: int) -> tuple | None:
     start = array.__array_interface__["data"][0] - low
     return (backing, high - low, start, array.dtype, array.shape, array.strides,
             isinstance(array, np.memmap), bool(array.flags.writeable))  # fmt: skip
+
+
+def arena_array_reference(array: Any) -> tuple | None:
+    """How a worker maps `array` when it views a multiprocessing RawArray or
+    Array (np.frombuffer(RawArray(...))): memory the program shares on
+    purpose, in an arena file of multiprocessing.heap whose descriptor this
+    process holds. The worker maps the arena file shared, so its writes
+    reach every process, as with fork. The arguments of rebuild_arena_array,
+    or None for any other array."""
+    import ctypes
+
+    import numpy as np
+
+    wrapper = getattr(_final_base(array, np), "_wrapper", None)
+    state = getattr(wrapper, "_state", None)
+    if not isinstance(wrapper, multiprocessing.heap.BufferWrapper) or state is None:
+        return None
+    (arena, start, _stop), _size = state
+    if getattr(arena, "fd", -1) < 0 or array.size == 0 or array.dtype.hasobject:
+        return None
+    block = ctypes.addressof(_final_base(array, np))
+    offset = start + array.__array_interface__["data"][0] - block
+    reference = (os.getpid(), arena.fd, os.fstat(arena.fd).st_ino, 0, int(arena.size))
+    return (reference, offset, array.dtype, array.shape, array.strides,
+            bool(array.flags.writeable))  # fmt: skip
+
+
+def _final_base(array: Any, np: Any) -> Any:
+    """The object at the end of `array`'s chain of bases (the buffer's
+    owner for an array made with np.frombuffer or buffer=)."""
+    base = array
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    return base.obj if isinstance(base, memoryview) else base
 
 
 def _tensor_reduction(
@@ -490,6 +578,17 @@ def _torch_shared_memory(storage: Any) -> tuple[int, int, int] | None:
     keeps one) and the storage starts the file's mapping; else None."""
     fd = _core.shared_mapping_descriptor(storage.data_ptr(), storage.nbytes())
     return None if fd < 0 else (os.getpid(), fd, os.fstat(fd).st_ino)
+
+
+def _in_memory_order(array: Any) -> tuple[Any, bool]:
+    """`array` as workers receive its bytes, and whether they transpose it
+    back: a Fortran-ordered array (not also C-ordered) as its transpose, a
+    C-contiguous view of the same memory, so that it arrives Fortran-ordered
+    as pickle and fork deliver it; any other array as it is (copied in C
+    order where not contiguous, as pickle copies it)."""
+    if array.flags.f_contiguous and not array.flags.c_contiguous:
+        return array.T, True
+    return array, False
 
 
 def _numpy_block_owner(array: Any, np: Any) -> Any:
