@@ -159,6 +159,7 @@ void bind_planner(nb::module_& m) {
   m.def("recommended_workers", &Planner::recommended_workers, nb::arg("unified"),
         nb::arg("total_memory_gb"), nb::arg("host_memory_gb") = 0.0, nb::arg("cpu_count") = 0);
   m.def("per_sample_gb", &Planner::per_sample_gb, nb::arg("resolution"));
+  m.attr("KEPT_BATCH_SEGMENT_MAX_BYTES") = kKeptBatchSegmentMaxBytes;
   m.def(
       "plan_loader_memory",
       [](size_t batch_bytes, int workers, int prefetch, bool pin_memory, bool device,

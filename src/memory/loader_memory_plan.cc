@@ -44,11 +44,20 @@ LoaderMemoryPlan plan_loader_memory(const LoaderMemoryInput& in) {
     }
   } else {
     // With pin_memory the segments are page-locked where the workers wrote
-    // them: the same memory, no copies (dataloader/pin.py).
-    const size_t in_flight = plus(times(prefetch, workers), 1);
-    const size_t segments = times(in_flight, batch);
-    plan.leanloader.push_back(
-        {"batch segments (prefetch x workers + 1)", segments, in.pin_memory ? segments : 0, 0});
+    // them: the same memory, no copies (dataloader/pin.py). Segments too
+    // large to keep live as torch's batches do: those in flight and the one
+    // the loop holds. Kept ones (dataloader/batch_segments.py) are also
+    // held while free until the next next() offers them, so a worker may
+    // meanwhile write into one of its own: measured with 1-2 workers,
+    // prefetch 1-4 and a loop holding each batch 50 ms, up to 2 + workers
+    // more than those in flight.
+    const size_t in_flight = times(prefetch, workers);
+    const bool kept = in.batch_bytes <= kKeptBatchSegmentMaxBytes;
+    const size_t held = kept ? plus(plus(in_flight, 2), workers) : plus(in_flight, 1);
+    const size_t segments = times(held, batch);
+    plan.leanloader.push_back({kept ? "batch segments (prefetch x workers + 2 + workers)"
+                                    : "batch segments (prefetch x workers + 1)",
+                               segments, in.pin_memory ? segments : 0, 0});
     plan.leanloader.push_back({"worker processes", times(workers, in.worker_process_bytes), 0, 0});
     if (in.device)
       plan.leanloader.push_back({"batch on the device (new, old)", 0, 0, times(2, batch)});

@@ -29,11 +29,9 @@ from leanloader.dataloader.segments import segment_reference
 # Batch segments larger than this are not kept for reuse: each is freed when
 # the consumer drops its batch, as torch frees its shared batches. A kept
 # segment is a whole batch of memory while it waits for its next batch (up
-# to one per task sent ahead), memory torch would not hold; and at this size
-# making a new segment costs little next to producing the batch's samples in
-# Python (reserving 300 MB of /dev/shm: ~0.1 s, against ~1 s of h5py reads
-# in seed 004's batches).
-KEEP_SEGMENT_MAX_BYTES = 64 << 20
+# to one per task sent ahead), memory torch would not hold. The planner bills
+# both cases (src/memory/loader_memory_plan.cc, where the size is chosen).
+KEEP_SEGMENT_MAX_BYTES = _core.KEPT_BATCH_SEGMENT_MAX_BYTES
 
 
 class _Kept:

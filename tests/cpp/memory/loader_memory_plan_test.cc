@@ -49,6 +49,21 @@ TEST(LoaderMemoryPlanTest, NativeThreadsPinTheirSlotsInPlace) {
   EXPECT_EQ(ours.device_bytes, 3000u);  // prefetch_to_device + 2 blocks
 }
 
+TEST(LoaderMemoryPlanTest, KeptBatchSegmentsAreBilledWithThoseBeingReplaced) {
+  // Batches small enough to keep their segments for reuse: in flight, the
+  // two a loop holds across next(), one per worker of its own (measured: up
+  // to 12 segments with 2 workers, prefetch 4, 4 MiB batches; 9 had been
+  // billed). Larger batches live as torch's do: in flight + 1.
+  LoaderMemoryInput input;
+  input.workers = 2;
+  input.prefetch = 4;
+  input.worker_process_bytes = 0;
+  input.batch_bytes = size_t{4} << 20;
+  EXPECT_EQ(total_of(plan_loader_memory(input).leanloader).host_bytes, 12 * input.batch_bytes);
+  input.batch_bytes = kKeptBatchSegmentMaxBytes + 1;
+  EXPECT_EQ(total_of(plan_loader_memory(input).leanloader).host_bytes, 9 * input.batch_bytes);
+}
+
 TEST(LoaderMemoryPlanTest, BadNumbersAreErrors) {
   LoaderMemoryInput input;
   input.batch_bytes = std::numeric_limits<size_t>::max() / 2;
