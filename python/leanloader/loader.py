@@ -113,7 +113,9 @@ class Loader:
 
     ``memory_budget``: bytes (``4 << 30``), a size (``"2GiB"``) or ``"auto"`` (a
     quarter of the memory still available to this process, cgroup-aware); it
-    caps the batch slots. ``pressure_threshold``: when available memory falls
+    caps ``memory_bill()``: what the source holds comes first, the batch slots
+    get the rest (at least two, else a ValueError says what took the budget).
+    ``pressure_threshold``: when available memory falls
     below it (default: a tenth of the memory this process can use), the loader
     keeps one batch in flight, gives idle slots back, says so once, and returns
     to its prefetch depth when memory recovers.
@@ -251,7 +253,10 @@ class Loader:
 
     def memory_bill(self) -> int:
         """Planned bytes, known before any batch: batch slots (slots × slot bytes) plus
-        the source's cache budget (``HDF5Source``'s decoded chunks)."""
+        what the source holds: its cache budget (``HDF5Source``'s decoded chunks)
+        and, per thread, what one read may hold besides the batch (an
+        ``HDF5Source``'s stored chunk before it is decoded, and a decoded chunk
+        of several rows)."""
         return self._core.memory_bill()
 
     def device_bill(self) -> int:

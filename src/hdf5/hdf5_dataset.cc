@@ -620,6 +620,25 @@ void Hdf5Dataset::read_row_library(int64_t row, std::span<std::byte> dst) const 
   }
 }
 
+size_t Hdf5Dataset::raw_chunk_bytes() const {
+  if (read_path != Hdf5ReadPath::kChunks) return 0;
+  const size_t destination = chunk_is_row ? row_bytes : chunk_bytes;
+  size_t largest = 0;
+  for (const Hdf5ChunkLocation& location : chunks) {
+    // (decode_into reads an unfiltered chunk of the destination's size straight into it)
+    const bool straight =
+        (filters.empty() ||
+         (filters.size() < 32 && location.filter_mask == (uint32_t{1} << filters.size()) - 1)) &&
+        location.size == destination;
+    if (!straight && !is_undefined(location.address)) largest = std::max(largest, location.size);
+  }
+  return largest;
+}
+
+size_t Hdf5Dataset::decoded_chunk_bytes() const {
+  return read_path == Hdf5ReadPath::kChunks && !chunk_is_row ? chunk_bytes : 0;
+}
+
 std::span<const std::byte> Hdf5Dataset::read_raw(const File& reader, size_t chunk, int64_t row,
                                                  std::vector<std::byte>& buffer) const {
   const Hdf5ChunkLocation& location = chunks[chunk];
@@ -662,14 +681,17 @@ void Hdf5Dataset::decode_into(size_t chunk, int64_t row, std::span<std::byte> ds
   }
 }
 
-std::shared_ptr<const std::vector<std::byte>> Hdf5Dataset::load_chunk(size_t chunk, int64_t row,
-                                                                      ChunkCache* cache) const {
+std::shared_ptr<const HeapStorage> Hdf5Dataset::load_chunk(size_t chunk, int64_t row,
+                                                           ChunkCache* cache) const {
   const bool shared = cache != nullptr && chunk_shape[0] > 1 && chunk_bytes <= cache->budget() / 4;
   if (shared) {
     if (auto hit = cache->find(this, chunk)) return hit;
   }
-  auto decoded = std::make_shared<std::vector<std::byte>>(chunk_bytes);
-  decode_into(chunk, row, *decoded);
+  // (HeapStorage maps a chunk of 1 MiB or more on its own and unmaps it when
+  // the last reader lets go: freed chunks do not stay in malloc's arenas,
+  // which glibc's dynamic mmap threshold would otherwise let them do)
+  std::shared_ptr<HeapStorage> decoded = HeapStorage::allocate(chunk_bytes);
+  decode_into(chunk, row, std::span<std::byte>(decoded->data(), chunk_bytes));
   if (shared) cache->insert(this, chunk, decoded);
   return decoded;
 }
@@ -747,7 +769,7 @@ void Hdf5Dataset::read_row_chunks(int64_t row, std::span<std::byte> dst, ChunkCa
   }
 }
 
-std::shared_ptr<const std::vector<std::byte>> ChunkCache::find(const void* owner, size_t chunk) {
+std::shared_ptr<const HeapStorage> ChunkCache::find(const void* owner, size_t chunk) {
   std::lock_guard lock(mutex_);
   const auto found = entries_.find({owner, chunk});
   if (found == entries_.end()) return nullptr;
@@ -755,8 +777,7 @@ std::shared_ptr<const std::vector<std::byte>> ChunkCache::find(const void* owner
   return found->second->data;
 }
 
-void ChunkCache::insert(const void* owner, size_t chunk,
-                        std::shared_ptr<const std::vector<std::byte>> data) {
+void ChunkCache::insert(const void* owner, size_t chunk, std::shared_ptr<const HeapStorage> data) {
   std::lock_guard lock(mutex_);
   const Key key{owner, chunk};
   if (entries_.count(key) != 0 || data->size() > budget_) return;

@@ -20,6 +20,7 @@
 #include "hdf5/hdf5_api.h"
 #include "io/file_handle_cache.h"
 #include "leanloader/core/dtype.h"
+#include "leanloader/core/storage.h"
 #include "leanloader/core/tensor.h"
 #include "leanloader/hdf5/chunk_filters.h"
 
@@ -83,6 +84,11 @@ struct Hdf5Dataset {
 
   // Reads row `row` (< rows) into `dst` (row_bytes). Thread-safe.
   void read_row(int64_t row, std::span<std::byte> dst, ChunkCache* cache) const;
+  // What one read_row may hold besides `dst`, at most: the stored bytes of
+  // a chunk that is not read straight into its destination (filtered), and
+  // a decoded chunk of several rows.
+  size_t raw_chunk_bytes() const;
+  size_t decoded_chunk_bytes() const;
   std::string where(int64_t row) const;  // "'file' dataset 'name' row N"
 
   std::string path;  // the file the user named
@@ -130,8 +136,7 @@ struct Hdf5Dataset {
                            std::string* cause) const;
   void read_row_library(int64_t row, std::span<std::byte> dst) const;
   void read_row_chunks(int64_t row, std::span<std::byte> dst, ChunkCache* cache) const;
-  std::shared_ptr<const std::vector<std::byte>> load_chunk(size_t chunk, int64_t row,
-                                                           ChunkCache* cache) const;
+  std::shared_ptr<const HeapStorage> load_chunk(size_t chunk, int64_t row, ChunkCache* cache) const;
   void decode_into(size_t chunk, int64_t row, std::span<std::byte> dst) const;
   std::span<const std::byte> read_raw(const File& file, size_t chunk, int64_t row,
                                       std::vector<std::byte>& buffer) const;
@@ -143,8 +148,8 @@ struct Hdf5Dataset {
 class ChunkCache {
  public:
   explicit ChunkCache(size_t budget) : budget_(budget) {}
-  std::shared_ptr<const std::vector<std::byte>> find(const void* owner, size_t chunk);
-  void insert(const void* owner, size_t chunk, std::shared_ptr<const std::vector<std::byte>> data);
+  std::shared_ptr<const HeapStorage> find(const void* owner, size_t chunk);
+  void insert(const void* owner, size_t chunk, std::shared_ptr<const HeapStorage> data);
   size_t bytes() const;
   size_t budget() const noexcept { return budget_; }
 
@@ -157,7 +162,7 @@ class ChunkCache {
   };
   struct Entry {
     Key key;
-    std::shared_ptr<const std::vector<std::byte>> data;
+    std::shared_ptr<const HeapStorage> data;
   };
   size_t budget_;
   mutable std::mutex mutex_;

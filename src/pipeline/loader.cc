@@ -123,15 +123,37 @@ Loader::Loader(std::shared_ptr<const Source> source, LoaderOptions options)
   // the previous one, which a `for` loop still holds until the new one is
   // bound to its variable.
   num_slots_ = static_cast<size_t>(options_.prefetch) + 2;
+  // What the source holds besides the slots: its cache and, per worker
+  // thread, what one read may hold (a compressed and a decoded chunk).
+  const size_t cache = source_->cache_budget_bytes();
+  const size_t scratch = source_->per_thread_scratch_bytes();
+  const auto per_threads = options_.num_threads > 0
+                               ? checked_mul(scratch, static_cast<size_t>(options_.num_threads))
+                               : std::optional<size_t>(0);  // (Executor refuses the count below)
+  const auto source_bytes = per_threads ? checked_add(cache, *per_threads) : std::nullopt;
+  if (!source_bytes) throw_slot_overflow(snapshot_->describe(), options_.batch_size);
+  source_bytes_ = *source_bytes;
   if (options_.memory_budget.has_value()) {
-    const size_t affordable = *options_.memory_budget / slot_bytes_;
+    const size_t budget = *options_.memory_budget;
+    const size_t for_slots = budget > source_bytes_ ? budget - source_bytes_ : 0;
+    const size_t affordable = for_slots / slot_bytes_;
     if (affordable < 2) {
-      throw InvalidArgument("memory_budget of " + std::to_string(*options_.memory_budget) +
-                            " bytes is below two batch slots of " + std::to_string(slot_bytes_) +
-                            " bytes each (batch_size " + std::to_string(options_.batch_size) +
-                            "); raise memory_budget or lower batch_size");
+      std::string held = " bytes is below two batch slots of " + std::to_string(slot_bytes_) +
+                         " bytes each (batch_size " + std::to_string(options_.batch_size) + ")";
+      if (source_bytes_ > 0) {
+        held += " plus the source's " + std::to_string(cache) + " bytes of cache and " +
+                std::to_string(scratch) + " bytes per thread for " +
+                std::to_string(options_.num_threads) + " threads";
+      }
+      throw InvalidArgument("memory_budget of " + std::to_string(budget) + held +
+                            "; raise memory_budget or lower batch_size" +
+                            (source_bytes_ > 0 ? ", the chunk cache or num_threads" : ""));
     }
     num_slots_ = std::min(num_slots_, affordable);
+  }
+  const auto slots_bytes = checked_mul(num_slots_, slot_bytes_);
+  if (!slots_bytes || !checked_add(*slots_bytes, source_bytes_)) {
+    throw_slot_overflow(snapshot_->describe(), options_.batch_size);
   }
   prefetch_ = static_cast<int>(std::min<size_t>(static_cast<size_t>(options_.prefetch),
                                                 std::max<size_t>(1, num_slots_ - 2)));

@@ -107,3 +107,35 @@ def test_backs_off_when_available_memory_is_below_the_threshold(tmp_path):
     # Without pressure the window is the prefetch depth: one batch ahead,
     # deepened up to prefetch when the consumer waited (timing-dependent).
     assert not stats["under_pressure"] and 1 <= stats["window"] <= stats["prefetch"] == 4
+
+
+def test_budget_is_kept_with_an_hdf5_source_of_multi_row_chunks(tmp_path):
+    # h5py's gzip chunks of 8 rows x 1 MiB: besides the slots, the loader holds
+    # the source's chunk cache and, per thread, a stored and a decoded chunk
+    # (8 MiB). The budget covers all of it: 2 threads leave room for 3 slots.
+    h5py = pytest.importorskip("h5py")
+    rows, row_floats = 64, 1 << 18
+    data = np.arange(rows * row_floats, dtype=np.float32).reshape(rows, row_floats) % 977
+    with h5py.File(tmp_path / "x.h5", "w") as f:
+        f.create_dataset("x", data=data, chunks=(8, row_floats), compression="gzip")
+    source = ll.HDF5Source({"x": (str(tmp_path / "x.h5"), "x")}, chunk_cache="32MiB")
+    slot = 4 * row_floats * 4
+    held = 32 * 2**20 + 2 * source.per_thread_scratch_bytes
+    assert source.per_thread_scratch_bytes > 8 * 2**20
+    budget = held + 3 * slot
+    loader = ll.Loader(
+        source, batch_size=4, shuffle=True, num_threads=2, prefetch=4, memory_budget=budget,
+        output="numpy",
+    )  # fmt: skip
+    assert loader.memory_bill() == budget
+    baseline = _core.process_tree_memory(os.getpid())["unreclaimable_bytes"]
+    with PeakSampler() as sampler:
+        seen = 0
+        for batch in loader:
+            seen += batch["x"].shape[0]
+        del batch
+    assert seen == rows
+    growth = sampler.peak - baseline
+    assert growth <= budget + 4 * 2**20, (growth, budget)  # + interpreter noise
+    with pytest.raises(ValueError, match="bytes per thread for 2 threads"):
+        ll.Loader(source, batch_size=4, num_threads=2, memory_budget=held + slot)

@@ -103,6 +103,10 @@ class HDF5Source final : public Source {
   std::string sample_location(int64_t index) const override;
   size_t estimated_sample_bytes() const override { return sample_bytes_; }
   size_t cache_budget_bytes() const override { return options_.chunk_cache_bytes; }
+  // The largest stored chunk of a filtered dataset (read whole before it is
+  // decoded) plus the largest decoded chunk that holds several rows (held
+  // while its row is copied out, cached or not).
+  size_t per_thread_scratch_bytes() const override { return scratch_bytes_; }
 
   // The files of field `field`, in row order.
   std::vector<std::string> files(size_t field) const;
@@ -135,6 +139,7 @@ class HDF5Source final : public Source {
   std::vector<FieldSpec> specs_;
   HDF5SourceOptions options_;
   std::unique_ptr<detail::ChunkCache> cache_;
+  size_t scratch_bytes_ = 0;
   std::shared_ptr<detail::Hdf5Files> files_;
   int64_t rows_ = 0;
   size_t sample_bytes_ = 0;

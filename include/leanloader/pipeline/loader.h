@@ -75,11 +75,10 @@ class Loader {
   // malformed. O(1).
   void load_state(const LoaderState& state);
 
-  // Planned bytes: slots x slot_bytes + the source's cache budget (per-thread
-  // scratch: none yet).
-  size_t memory_bill() const noexcept {
-    return num_slots_ * slot_bytes_ + source_->cache_budget_bytes();
-  }
+  // Planned bytes: slots x slot_bytes + the source's cache budget + its
+  // per-thread scratch for each worker thread (DESIGN.md section 4). A
+  // memory_budget caps this whole figure.
+  size_t memory_bill() const noexcept { return num_slots_ * slot_bytes_ + source_bytes_; }
   size_t slot_bytes() const noexcept { return slot_bytes_; }
   size_t num_slots() const noexcept { return num_slots_; }
   int effective_prefetch() const noexcept { return prefetch_; }
@@ -110,6 +109,7 @@ class Loader {
   std::vector<size_t> row_bytes_;      // collate=stack: bytes of one sample of each field
   size_t slot_bytes_ = 0;
   size_t num_slots_ = 0;
+  size_t source_bytes_ = 0;  // the source's cache budget + its scratch per thread
   int prefetch_ = 0;
   std::shared_ptr<BatchPool> pool_;
   std::shared_ptr<detail::LoaderCounters> counters_;

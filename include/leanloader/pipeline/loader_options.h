@@ -32,7 +32,9 @@ struct LoaderOptions {
   // for slots that would gain nothing is never touched.
   int prefetch = 2;
   bool adaptive_prefetch = true;
-  std::optional<size_t> memory_budget;  // caps slots x slot_bytes
+  // Caps the loader's bill: slots x slot_bytes + the source's cache and
+  // per-thread scratch (Loader::memory_bill).
+  std::optional<size_t> memory_budget;
   bool drop_last = false;
   // Distributed sharding (see pipeline/shard.h): this process is rank `rank`
   // of `world_size` and visits global batches rank, rank + world_size, ...

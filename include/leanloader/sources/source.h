@@ -89,6 +89,11 @@ class Source {
   // most; the loader adds them to its memory bill. 0 for sources that keep
   // nothing.
   virtual size_t cache_budget_bytes() const { return 0; }
+  // Bytes one reading thread may hold while it reads a sample, beyond the
+  // batch it writes into and the cache above (a compressed chunk, a decoded
+  // chunk whose rows go to several samples), at most; the loader bills them
+  // per thread. 0 for sources that read straight into the batch.
+  virtual size_t per_thread_scratch_bytes() const { return 0; }
 
   // Reads that had to wait for storage (the data was not in the page cache),
   // counted since construction; sources that cannot tell return 0. While it

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "leanloader/core/error.h"
+#include "leanloader/pipeline/loader.h"
 #include "test_util.h"
 
 namespace leanloader {
@@ -99,6 +100,36 @@ std::string error_of(const std::function<void()>& body) {
     return e.what();
   }
   return "(no error)";
+}
+
+TEST(HDF5SourceTest, TheLoaderBillsAndBudgetsTheChunksEachThreadHolds) {
+  // Chunks of 8 rows x 64 KiB, deflated: a read holds a stored chunk and a
+  // decoded one (512 KiB) besides the batch, on each thread, cached or not.
+  TempDir dir;
+  const auto values = iota_values<float>(64 * 16384);
+  write_dataset(dir.file("z.h5"), "x", H5T_NATIVE_FLOAT, {64, 16384}, values,
+                {{8, 16384}, false, 1});
+  HDF5SourceOptions options;
+  options.chunk_cache_bytes = size_t{1} << 20;  // below 4 chunks: not cached
+  const auto source = HDF5Source::open({{"x", dir.file("z.h5"), "x", std::nullopt}}, options);
+  const size_t decoded = 8 * 16384 * sizeof(float);
+  EXPECT_GT(source->per_thread_scratch_bytes(), decoded);
+  EXPECT_LT(source->per_thread_scratch_bytes(), 2 * decoded);  // (the stored chunk compresses)
+  LoaderOptions loader;
+  loader.batch_size = 4;
+  loader.num_threads = 3;
+  loader.prefetch = 2;
+  const size_t slot = 4 * 16384 * sizeof(float);
+  const size_t held = options.chunk_cache_bytes + 3 * source->per_thread_scratch_bytes();
+  EXPECT_EQ(Loader(source, loader).memory_bill(), 4 * slot + held);
+  // A budget caps the whole bill: what the source holds leaves room for fewer slots.
+  loader.memory_budget = held + 3 * slot;
+  const Loader budgeted(source, loader);
+  EXPECT_EQ(budgeted.num_slots(), 3u);
+  EXPECT_LE(budgeted.memory_bill(), *loader.memory_budget);
+  loader.memory_budget = held + slot;
+  const std::string error = error_of([&] { Loader tight(source, loader); });
+  EXPECT_NE(error.find("bytes per thread for 3 threads"), std::string::npos) << error;
 }
 
 TEST(HDF5SourceTest, ContiguousRowsArePreadAsWritten) {
