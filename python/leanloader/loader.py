@@ -84,6 +84,15 @@ def _budget_bytes(memory_budget: int | str | None) -> int | None:
     return _core.parse_byte_size(str(memory_budget))
 
 
+def _unsigned_64(what: str, value: Any) -> Any:
+    """`value` when it is an int the engine takes (0 <= value < 2**64);
+    else a ValueError that says so (the binding's TypeError listed its
+    whole signature)."""
+    if isinstance(value, int) and not isinstance(value, bool) and not 0 <= value < 2**64:
+        raise ValueError(f"{what} must be in [0, 2**64), got {value}")
+    return value
+
+
 class Loader:
     """Iterates batches of ``source``: a dict ``name -> tensor`` per batch.
 
@@ -196,7 +205,7 @@ class Loader:
             self.source,
             batch_size=batch_size,
             shuffle=shuffle,
-            seed=seed,
+            seed=_unsigned_64("seed", seed),
             num_threads=num_threads if num_threads is not None else _default_threads(),
             prefetch=prefetch,
             memory_budget=_budget_bytes(memory_budget),
@@ -218,7 +227,7 @@ class Loader:
         return len(self._core)
 
     def set_epoch(self, epoch: int) -> None:
-        self._core.set_epoch(epoch)
+        self._core.set_epoch(_unsigned_64("epoch", epoch))
 
     @property
     def epoch(self) -> int:

@@ -100,11 +100,14 @@ def save_safetensors(
                     f"metadata must map str to str, got {type(key).__name__} -> "
                     f"{type(value).__name__} for key {key!r}"
                 )
+            # (a lone surrogate: UnicodeEncodeError, as the reference writer raises)
+            key.encode("utf-8"), value.encode("utf-8")
         metadata = dict(metadata)
     arrays = {}
     for name, value in tensors.items():
         if not isinstance(name, str):
             raise TypeError(f"tensor names must be str, got {type(name).__name__}")
+        name.encode("utf-8")  # (as above)
         arrays[name] = _as_cpu_array(name, value)
     _core.save_safetensors(os.fspath(path), arrays, metadata)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob as _glob
 import os
+import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -20,6 +21,14 @@ def ArraySource(arrays: Mapping[str, Any]) -> _core.ArraySource:
     """
     if not isinstance(arrays, Mapping) or not arrays:
         raise ValueError("ArraySource takes a non-empty dict of name -> array")
+    for name, array in arrays.items():
+        dtype = getattr(array, "dtype", None)
+        if getattr(dtype, "byteorder", "=") == (">" if sys.byteorder == "little" else "<"):
+            raise ValueError(
+                f"ArraySource field {name!r}: {dtype.str!r} is in the other byte order than this "
+                "machine's and is viewed, never converted; pass "
+                f"array.astype(array.dtype.newbyteorder('='))"
+            )
     return _core.ArraySource(list(arrays.items()))
 
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 
 namespace leanloader::detail {
@@ -37,6 +38,31 @@ struct Rgb {
 inline Rgb pillow_cmyk_to_rgb(int c, int m, int y, int k) {
   const int nk = 255 - k;
   return {clip8(nk - muldiv255(c, nk)), clip8(nk - muldiv255(m, nk)), clip8(nk - muldiv255(y, nk))};
+}
+
+// Pillow's YCbCr -> RGB (ConvertYCbCr.c: JPEG/JFIF coefficients in 6-bit
+// fixed point, each table entry (int)((i - 128) * coefficient * 64 + 0.5),
+// truncated toward zero as C's cast; equal to Pillow 13 on all 2^24 inputs).
+namespace ycbcr {
+inline constexpr int kScale = 6;
+constexpr std::array<int16_t, 256> table(double coefficient) {
+  std::array<int16_t, 256> out{};
+  for (int i = 0; i < 256; ++i) {
+    out[static_cast<size_t>(i)] =
+        static_cast<int16_t>((i - 128) * coefficient * (1 << kScale) + 0.5);
+  }
+  return out;
+}
+inline constexpr std::array<int16_t, 256> kRFromCr = table(1.40200);
+inline constexpr std::array<int16_t, 256> kGFromCb = table(-0.34414);
+inline constexpr std::array<int16_t, 256> kGFromCr = table(-0.71414);
+inline constexpr std::array<int16_t, 256> kBFromCb = table(1.77200);
+}  // namespace ycbcr
+
+inline Rgb pillow_ycbcr_to_rgb(uint8_t y, uint8_t cb, uint8_t cr) {
+  using namespace ycbcr;
+  return {clip8(y + (kRFromCr[cr] >> kScale)), clip8(y + ((kGFromCb[cb] + kGFromCr[cr]) >> kScale)),
+          clip8(y + (kBFromCb[cb] >> kScale))};
 }
 
 // Writes one pixel, Pillow's RGBA value, in the requested channel count: 1

@@ -134,6 +134,7 @@ enum class Mode {
   kRgbaPremultiplied,  // "RGBa": associated alpha, divided out as Pillow's unpacker
   kCmyk,               // "CMYK": 8/16-bit, Pillow's cmyk2rgb
   kLab,                // "LAB": CIELab through LittleCMS, as Pillow's ImageCms
+  kYCbCr,              // "YCbCr": uncompressed, not subsampled; Pillow's ycbcr2rgb (L: Y)
   kPalette,            // "P"
 };
 
@@ -222,6 +223,14 @@ Description describe(TIFF* tif) {
   } else if (photometric == PHOTOMETRIC_CIELAB && uint && d.bits == 8 && used == 3 &&
              extra.empty()) {
     mode = Mode::kLab;
+  } else if (photometric == PHOTOMETRIC_YCBCR && uint && d.bits == 8 && used == 3 &&
+             extra.empty() && !separate &&
+             field<uint16_t>(tif, TIFFTAG_COMPRESSION, COMPRESSION_NONE) == COMPRESSION_NONE) {
+    // Pillow reads uncompressed YCbCr itself, as samples in mode "YCbCr"
+    // (compressed ones go through libtiff's RGBA interface, as here).
+    uint16_t horizontal = 1, vertical = 1;
+    TIFFGetFieldDefaulted(tif, TIFFTAG_YCBCRSUBSAMPLING, &horizontal, &vertical);
+    if (horizontal == 1 && vertical == 1) mode = Mode::kYCbCr;
   }
   // Separate planes are interleaved here byte-wise: whole-byte samples only.
   if (separate && d.samples > 1 && d.bits % 8 != 0) mode = Mode::kRgbaInterface;
@@ -465,6 +474,15 @@ void convert_samples(TIFF* tif, const MemoryFile& file, const Description& d, ui
         }
         case Mode::kCmyk: {
           const Rgb rgb = pillow_cmyk_to_rgb(at(0), at(1), at(2), at(3));
+          put_pixel(pixel, channels, rgb.r, rgb.g, rgb.b);
+          break;
+        }
+        case Mode::kYCbCr: {
+          if (channels == 1) {
+            pixel[0] = at(0);  // Pillow's ycbcr2l: the Y sample
+            break;
+          }
+          const Rgb rgb = pillow_ycbcr_to_rgb(at(0), at(1), at(2));
           put_pixel(pixel, channels, rgb.r, rgb.g, rgb.b);
           break;
         }

@@ -98,6 +98,10 @@ def _encode(directory) -> dict[str, int]:
             "im_zip_16bit.tif": ["-depth", "16", "-compress", "Zip", "{out}"],
             "im_jpeg.tif": ["-compress", "JPEG", "{out}"],
             "im_gray.tif": ["-colorspace", "Gray", "{out}"],
+            # Pillow converts uncompressed YCbCr itself (its ycbcr2rgb tables;
+            # libtiff's RGBA interface was one off in half the values)
+            "im_ycbcr.tif": ["-colorspace", "YCbCr", "-compress", "None", "{out}"],
+            "im_ycbcr_lzw.tif": ["-colorspace", "YCbCr", "-compress", "LZW", "{out}"],
             "im_bmp3.bmp": ["bmp3:{out}"],
             "im_bmp_rle.bmp": ["-colors", "16", "-compress", "RLE", "bmp3:{out}"],
             "im_palette.bmp": ["-colors", "200", "-type", "Palette", "bmp3:{out}"],

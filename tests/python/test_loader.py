@@ -353,6 +353,19 @@ def test_core_lists_every_safetensors_dtype_and_ships_type_stubs():
 def test_array_source_rejects_a_dtype_it_cannot_carry():
     with pytest.raises(ValueError, match="'z' has a dtype"):
         ll.ArraySource({"z": np.zeros(4, dtype=np.complex128)})
+    # the other byte order is named with the fix (it had been the binding's
+    # "incompatible function arguments")
+    with pytest.raises(ValueError, match="'>f4' is in the other byte order.*astype"):
+        ll.ArraySource({"z": np.zeros(4, dtype=">f4")})
+
+
+def test_seeds_and_epochs_outside_the_engine_s_range_are_value_errors():
+    arrays = {"x": np.zeros((4, 2), np.float32)}
+    with pytest.raises(ValueError, match=r"seed must be in \[0, 2\*\*64\), got -1"):
+        ll.Loader(arrays, batch_size=2, seed=-1)
+    with pytest.raises(ValueError, match="epoch must be"):
+        ll.Loader(arrays, batch_size=2).set_epoch(2**64)
+    assert ll.Loader(arrays, batch_size=2, seed=2**64 - 1).state_dict()["seed"] == 2**64 - 1
 
 
 def _evicted(path):

@@ -260,6 +260,12 @@ def test_rejects_bad_arguments_without_writing(tmp_path):
         ll.save_safetensors(path, {1: np.zeros(1)})
     with pytest.raises(TypeError):
         ll.save_safetensors(path, {"a": np.array(["text"])})
+    # a lone surrogate has no UTF-8 form: the reference writer's error (it
+    # had been RuntimeError("std::bad_cast"))
+    with pytest.raises(UnicodeEncodeError):
+        ll.save_safetensors(path, {"a\udc80": np.zeros(1)})
+    with pytest.raises(UnicodeEncodeError):
+        ll.save_safetensors(path, {"a": np.zeros(1)}, metadata={"k": "v\udc80"})
     assert list(tmp_path.iterdir()) == []
 
 
