@@ -355,7 +355,7 @@ def test_array_source_rejects_a_dtype_it_cannot_carry():
         ll.ArraySource({"z": np.zeros(4, dtype=np.complex128)})
     # the other byte order is named with the fix (it had been the binding's
     # "incompatible function arguments")
-    with pytest.raises(ValueError, match="'>f4' is in the other byte order.*astype"):
+    with pytest.raises(ValueError, match=r"'>f4' is in the other byte order.*astype"):
         ll.ArraySource({"z": np.zeros(4, dtype=">f4")})
 
 
