@@ -32,6 +32,14 @@ class HeaderDictParser {
       expect(':');
       if (key == "descr") {
         if (has_descr) fail("duplicate key 'descr'");
+        // A structured dtype's descr is a list of (name, dtype) fields.
+        skip_space();
+        if (peek() == '[') {
+          throw FormatError("'" + path_ +
+                            "': a structured dtype (a list of named fields) is not a tensor "
+                            "dtype; save each field as an array of its own "
+                            "(np.save(path, array['name']))");
+        }
         header.dtype = parse_descr(parse_string());
         has_descr = true;
       } else if (key == "fortran_order") {

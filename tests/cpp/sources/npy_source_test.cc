@@ -87,6 +87,17 @@ TEST(NpyFormatTest, RejectsMalformedHeadersNamingTheFile) {
       EXPECT_NE(std::string(e.what()).find("/data/bad.npy"), std::string::npos) << e.what();
     }
   }
+  // A structured dtype is a valid header of something that is not a tensor: said so.
+  const std::string records = header_with(
+      "{'descr': [('a', '<f4'), ('b', '<i4')], 'fortran_order': False, 'shape': (3,), }");
+  try {
+    parse_npy_header(as_bytes(records), "/data/records.npy");
+    ADD_FAILURE() << "accepted a structured dtype";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("'/data/records.npy': a structured dtype"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(NpySourceTest, ReadsRowsOfMappedArrays) {
