@@ -12,7 +12,10 @@ samples per shard, ``shard_bytes`` each, default 256 MiB). Everything on disk is
 published atomically (temp file, fsync, rename, fsync of the directory), so a
 crash at any moment leaves the old entries or the new ones, never a partial one;
 leftovers of a crashed build are removed the next time the cache is opened by a
-process that has it to itself. A folder of one ``.safetensors`` per sample, as
+process that has it to itself. Only the builder's own leftovers are: a shard that
+no manifest references and that no build here marked as its own (a copy whose
+``manifest.json`` has not arrived yet) is kept, and ``verify`` reports it as
+``"unreferenced"``. A folder of one ``.safetensors`` per sample, as
 trainers write them (e.g. ``_latent_cache/``), opens as a cache too, read-only.
 
 Entries are keyed by where the sample came from, and carry a fingerprint: the
@@ -148,9 +151,11 @@ class TensorCache(_core.TensorCache):
     def verify(  # type: ignore[override]
         self, check_sources: bool = True, include_garbage: bool = False
     ) -> list[dict[str, str]]:
-        """Every problem found: ``{"kind": "invalid" | "stale" | "partial", "where",
-        "message"}``; an empty list when all is well. ``check_sources`` also
-        compares each entry's source file with its fingerprint.
+        """Every problem found: ``{"kind": "invalid" | "stale" | "partial" |
+        "unreferenced", "where", "message"}``; an empty list when all is well.
+        ``check_sources`` also compares each entry's source file with its
+        fingerprint. ``"unreferenced"``: a shard no manifest references that no
+        build here left behind (e.g. a copy missing its manifest), kept.
         ``include_garbage`` adds shards no entry references (``"garbage"``:
         invisible to readers, removed by a later open; not an error)."""
         return [

@@ -62,6 +62,30 @@ bool is_cache_temp_name(std::string_view name) noexcept {
   return is_shard_name(base) || base == kCacheManifestName || is_rank_manifest_name(base);
 }
 
+std::string discardable_marker_name(const std::string& shard_name) {
+  return shard_name + ".discardable";
+}
+
+bool is_discardable_marker_name(std::string_view name) noexcept {
+  constexpr std::string_view kSuffix = ".discardable";
+  return ends_with(name, kSuffix) && is_shard_name(name.substr(0, name.size() - kSuffix.size()));
+}
+
+void mark_discardable(const std::string& directory, const std::vector<std::string>& shard_names) {
+  if (shard_names.empty()) return;
+  for (const std::string& shard : shard_names) {
+    const std::string path = join_path(directory, discardable_marker_name(shard));
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0666);
+    if (fd < 0) throw IoError("cannot create the cache's marker", path, errno);
+    ::close(fd);
+  }
+  fsync_directory(directory);
+}
+
+void unmark_discardable(const std::string& directory, const std::string& shard_name) noexcept {
+  ::unlink(join_path(directory, discardable_marker_name(shard_name)).c_str());
+}
+
 void write_file_atomically(const std::string& path, std::string_view bytes) {
   AtomicFileWriter out(path);
   out.write(bytes);
@@ -154,12 +178,28 @@ std::vector<std::string> cleanup_cache_directory(const std::string& directory) {
       manifests_readable = false;
     }
   }
+  const std::set<std::string> present(names.begin(), names.end());
   std::vector<std::string> removed;
+  std::set<std::string> removed_shards;
+  auto remove = [&](const std::string& name) {
+    if (::unlink(join_path(directory, name).c_str()) != 0) return;
+    // Markers are the cache's bookkeeping, not reported.
+    if (!is_discardable_marker_name(name)) removed.push_back(name);
+    if (is_shard_name(name)) removed_shards.insert(name);
+  };
   for (const std::string& name : names) {
-    const bool temp = is_cache_temp_name(name);
-    const bool orphan = manifests_readable && is_shard_name(name) && !referenced.contains(name);
-    if (!temp && !orphan) continue;
-    if (::unlink(join_path(directory, name).c_str()) == 0) removed.push_back(name);
+    if (is_cache_temp_name(name)) {
+      remove(name);
+    } else if (manifests_readable && is_shard_name(name) && !referenced.contains(name) &&
+               present.contains(discardable_marker_name(name))) {
+      remove(name);  // its marker goes below, once the shard is gone
+    }
+  }
+  for (const std::string& name : names) {
+    if (!manifests_readable || !is_discardable_marker_name(name)) continue;
+    const std::string shard = name.substr(0, name.size() - std::string_view(".discardable").size());
+    const bool shard_gone = !present.contains(shard) || removed_shards.contains(shard);
+    if (shard_gone || referenced.contains(shard)) remove(name);
   }
   if (!removed.empty()) fsync_directory(directory);
   return removed;

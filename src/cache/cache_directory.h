@@ -10,6 +10,15 @@
 //   other reader or writer has the cache open. So a shard is never deleted
 //   while someone may still map it lazily, and a writer's freshly published
 //   shard is never mistaken for an orphan before its manifest lands.
+//
+// Which orphans clean-up may delete: only shards the cache itself vouched
+// for. A writer creates "<shard>.discardable" before renaming a new shard
+// into place (and removes it once a manifest references the shard), and
+// before publishing a manifest that drops a superseded shard. A shard that no
+// manifest references and that has no such marker was not left by a writer
+// here: typically a copy of the cache whose manifest has not arrived yet.
+// It is kept and reported by verify ("unreferenced"); deleting it as garbage
+// lost every shard of a copy opened before its manifest was copied.
 #pragma once
 
 #include <string>
@@ -36,6 +45,17 @@ bool starts_with(std::string_view text, std::string_view prefix) noexcept;
 bool is_shard_name(std::string_view name) noexcept;
 bool is_rank_manifest_name(std::string_view name) noexcept;
 bool is_cache_temp_name(std::string_view name) noexcept;
+
+// "<shard>.discardable": the marker above.
+std::string discardable_marker_name(const std::string& shard_name);
+bool is_discardable_marker_name(std::string_view name) noexcept;
+// Creates the markers of `shard_names` (durably: the directory is synced)
+// before the caller publishes a shard or a manifest without them. Throws
+// IoError.
+void mark_discardable(const std::string& directory, const std::vector<std::string>& shard_names);
+// Removes the marker of a shard a published manifest now references. Best
+// effort: a stale marker of a referenced shard is removed by clean-up.
+void unmark_discardable(const std::string& directory, const std::string& shard_name) noexcept;
 
 // Writes `bytes` to `path` atomically (AtomicFileWriter: temp + fsync +
 // rename + directory fsync). Throws IoError after removing the temp file.
@@ -84,8 +104,9 @@ class ManifestWriteLock {
   int fd_ = -1;
 };
 
-// Removes stray temp files and shards referenced by neither manifest.json
-// nor any manifest.rank<r>.json. Call only under the exclusive lock. A
+// Removes stray temp files and the marked shards (see above) referenced by
+// neither manifest.json nor any manifest.rank<r>.json, and markers no longer
+// needed. Call only under the exclusive lock. A
 // manifest that does not parse references nothing, but then no shard is
 // removed either (the damage is reported by verify, not made worse). Returns
 // the names removed.

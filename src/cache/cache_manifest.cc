@@ -392,21 +392,26 @@ void publish_cache_manifest(const std::string& path, const CacheManifest& manife
   detail::write_file_atomically(path, format_cache_manifest(manifest));
 }
 
-void drop_unreferenced_shards(CacheManifest& manifest) {
+std::vector<std::string> drop_unreferenced_shards(CacheManifest& manifest) {
   std::vector<bool> used(manifest.shards.size(), false);
   for (const CacheEntry& entry : manifest.entries) used[entry.shard] = true;
   std::vector<uint32_t> renumber(manifest.shards.size(), 0);
   std::vector<CacheShard> kept;
+  std::vector<std::string> dropped;
   for (size_t s = 0; s < manifest.shards.size(); ++s) {
-    if (!used[s]) continue;
+    if (!used[s]) {
+      dropped.push_back(std::move(manifest.shards[s].file));
+      continue;
+    }
     renumber[s] = static_cast<uint32_t>(kept.size());
     kept.push_back(std::move(manifest.shards[s]));
   }
   manifest.shards = std::move(kept);
   for (CacheEntry& entry : manifest.entries) entry.shard = renumber[entry.shard];
+  return dropped;
 }
 
-void merge_cache_manifest(CacheManifest& into, const CacheManifest& from) {
+std::vector<std::string> merge_cache_manifest(CacheManifest& into, const CacheManifest& from) {
   std::unordered_map<std::string, uint32_t> shard_index;
   for (size_t s = 0; s < into.shards.size(); ++s) {
     shard_index.emplace(into.shards[s].file, static_cast<uint32_t>(s));
@@ -431,7 +436,7 @@ void merge_cache_manifest(CacheManifest& into, const CacheManifest& from) {
       into.entries[it->second] = std::move(copy);
     }
   }
-  drop_unreferenced_shards(into);
+  return drop_unreferenced_shards(into);
 }
 
 }  // namespace leanloader

@@ -64,9 +64,14 @@ size_t merge_parts_locked(const std::string& directory) {
   const detail::ManifestWriteLock writing(directory);
   CacheManifest merged;
   if (file_exists(main_path)) merged = read_cache_manifest(main_path);
+  std::vector<std::string> superseded;
   for (const std::string& part : parts) {
-    merge_cache_manifest(merged, read_cache_manifest(detail::join_path(directory, part)));
+    for (std::string& shard :
+         merge_cache_manifest(merged, read_cache_manifest(detail::join_path(directory, part)))) {
+      superseded.push_back(std::move(shard));
+    }
   }
+  detail::mark_discardable(directory, superseded);
   publish_cache_manifest(main_path, merged);
   for (const std::string& part : parts) {
     const std::string path = detail::join_path(directory, part);
@@ -212,6 +217,9 @@ void CacheWriter::flush() {
   }
   const std::string name = next_shard_name();
   const std::string path = detail::join_path(directory_, name);
+  // Marked before it exists: a crash before its manifest lands leaves an
+  // orphan that clean-up knows to be this cache's own.
+  detail::mark_discardable(directory_, {name});
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (size_t slot = 0; slot < pending_.size(); ++slot) {
     for (const auto& [tensor_name, tensor] : pending_[slot].tensors) {
@@ -249,11 +257,14 @@ void CacheWriter::flush() {
   pending_bytes_ = 0;
   ++shards_published_;
   publish_manifest(published);
+  detail::unmark_discardable(directory_, name);
 }
 
 void CacheWriter::publish_manifest(const CacheManifest& added) {
   if (options_.rank) {
-    merge_cache_manifest(part_, added);
+    CacheManifest part = part_;
+    detail::mark_discardable(directory_, merge_cache_manifest(part, added));
+    part_ = std::move(part);
     merge_cache_manifest(visible_, added);
     publish_cache_manifest(detail::join_path(directory_, rank_part_name(*options_.rank)), part_);
   } else {
@@ -264,7 +275,7 @@ void CacheWriter::publish_manifest(const CacheManifest& added) {
     const detail::ManifestWriteLock writing(directory_);
     const std::string main_path = detail::join_path(directory_, std::string(kCacheManifestName));
     CacheManifest current = file_exists(main_path) ? read_cache_manifest(main_path) : visible_;
-    merge_cache_manifest(current, added);
+    detail::mark_discardable(directory_, merge_cache_manifest(current, added));
     publish_cache_manifest(main_path, current);
     visible_ = std::move(current);
     manifest_exists_ = true;

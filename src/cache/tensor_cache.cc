@@ -546,17 +546,26 @@ std::vector<CacheProblem> TensorCache::verify(bool check_sources) const {
   std::set<std::string> referenced;
   for (const CacheShard& shard : manifest.shards) referenced.insert(shard.file);
   try {
-    for (const std::string& name : detail::list_files(directory)) {
+    const std::vector<std::string> files = detail::list_files(directory);
+    const std::set<std::string> names(files.begin(), files.end());
+    for (const std::string& name : files) {
       const std::string file_path = detail::join_path(directory, name);
       if (detail::is_cache_temp_name(name)) {
         problems.push_back({"partial", file_path,
                             "temporary file of an interrupted write (removed by the next open "
                             "when no other process has the cache open)"});
-      } else if (detail::is_shard_name(name) && !referenced.contains(name)) {
+      } else if (detail::is_shard_name(name) && !referenced.contains(name) &&
+                 names.contains(detail::discardable_marker_name(name))) {
         problems.push_back({"garbage", file_path,
                             "shard not referenced by the manifest (an interrupted write, or "
                             "every entry superseded): invisible to readers, removed by the "
                             "next open that has the cache to itself"});
+      } else if (detail::is_shard_name(name) && !referenced.contains(name)) {
+        problems.push_back({"unreferenced", file_path,
+                            "shard that no manifest references and that no writer of this "
+                            "directory left behind (an incomplete copy of a cache? copy its "
+                            "manifest.json too); invisible to readers and kept: delete it by "
+                            "hand if it is not wanted"});
       } else if (detail::is_rank_manifest_name(name)) {
         problems.push_back({"partial", file_path,
                             "unmerged manifest of a distributed build rank; the next build "

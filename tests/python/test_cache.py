@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -406,6 +407,39 @@ def test_a_second_reader_waits_for_no_one(tmp_path):
     assert time.monotonic() - start < 5
     assert other.removed_on_open == []
     assert len(other) == 1
+
+
+def test_a_copy_opened_before_its_manifest_arrived_keeps_its_shards(tmp_path):
+    """Shards copied first, manifest.json last (as a copy in name order does):
+    an open in between sees an empty cache and deletes nothing; they used to
+    be deleted as leftovers of a crashed build, losing the whole copy."""
+    original = ll.TensorCache(tmp_path / "original", output="numpy", shard_bytes=4096)
+    original.build(
+        [{"key": f"k{i}"} for i in range(20)],
+        encode=lambda b: {"x": np.full((len(b["key"]), 256), 7, np.float32)},
+        progress=False,
+    )
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    shards = sorted(n for n in os.listdir(original.path) if n.startswith("shard-"))
+    assert len(shards) > 1
+    for name in shards:
+        (copy / name).write_bytes((Path(original.path) / name).read_bytes())
+    verify = subprocess.run(
+        [sys.executable, "-m", "leanloader.cli", "cache", "verify", str(copy)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert verify.returncode == 1, verify.stdout
+    assert verify.stdout.count("unreferenced: ") == len(shards), verify.stdout
+    early = ll.TensorCache(copy)
+    assert len(early) == 0 and early.removed_on_open == []
+    del early
+    (copy / "manifest.json").write_bytes((Path(original.path) / "manifest.json").read_bytes())
+    complete = ll.TensorCache(copy, output="numpy")
+    assert sorted(complete.keys()) == sorted(original.keys())
+    for key in original.keys():
+        assert np.array_equal(complete[key]["x"], original[key]["x"])
+    assert complete.verify(include_garbage=True) == []
 
 
 BUILDER = """

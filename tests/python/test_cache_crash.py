@@ -97,3 +97,7 @@ def test_sigkill_at_many_points_never_leaves_a_partial_entry(tmp_path):
     assert check_cache(directory) == SAMPLES
     names = os.listdir(directory)
     assert not [n for n in names if ".tmp." in n or n.startswith("manifest.rank")]
+    # Every shard a killed builder left behind was marked as its own: an open
+    # alone removes them all, and nothing is left unreferenced.
+    assert ll.TensorCache(directory).verify(include_garbage=True) == []
+    assert not [n for n in os.listdir(directory) if n.endswith(".discardable")]

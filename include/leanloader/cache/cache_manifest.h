@@ -113,11 +113,13 @@ void publish_cache_manifest(const std::string& path, const CacheManifest& manife
 // Adds or replaces (by key) `entry`, whose shard index refers to
 // `entry_shards`, in `into`: shards are appended when `into` lacks them (by
 // file name), entries with the same key are replaced. Shards that no entry
-// references any more are dropped from the list (their files become orphans,
-// removed by the next cleanup). Used by the writer and by the rank merge.
-void merge_cache_manifest(CacheManifest& into, const CacheManifest& from);
+// references any more are dropped from the list; their file names are
+// returned, for the writer to mark them discardable before it publishes (see
+// detail/cache_directory.h). Used by the writer and by the rank merge.
+std::vector<std::string> merge_cache_manifest(CacheManifest& into, const CacheManifest& from);
 
 // Drops shards no entry references and renumbers the entries' shard indices.
-void drop_unreferenced_shards(CacheManifest& manifest);
+// Returns the file names dropped.
+std::vector<std::string> drop_unreferenced_shards(CacheManifest& manifest);
 
 }  // namespace leanloader

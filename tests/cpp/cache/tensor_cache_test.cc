@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -215,7 +216,12 @@ TEST(TensorCacheTest, OpenRemovesLeftoversOfACrashedWriterOnlyWhenAlone) {
   build(c, 3);
   std::ofstream(c + "/shard-000099-dead.safetensors.tmp.1.abc") << "partial";
   std::ofstream(c + "/manifest.json.tmp.1.abc") << "{";
+  // A writer's shard whose manifest never landed: marked as the writer's own.
   save_safetensors(c + "/shard-000098-beef.safetensors", {{"0/x", ramp(1, 2)}});
+  std::ofstream(c + "/shard-000098-beef.safetensors.discardable");
+  std::ofstream(c + "/shard-000096-gone.safetensors.discardable");  // its shard never renamed
+  // A shard no writer here marked (a copy in progress): not the cache's to delete.
+  save_safetensors(c + "/shard-000097-cafe.safetensors", {{"0/x", ramp(1, 2)}});
   std::ofstream(c + "/notes.txt") << "user file";
   {
     // Someone else has the cache open: nothing is removed.
@@ -223,20 +229,62 @@ TEST(TensorCacheTest, OpenRemovesLeftoversOfACrashedWriterOnlyWhenAlone) {
     const auto second = TensorCache::open(c);
     EXPECT_TRUE(second->removed_on_open().empty());
     const auto problems = second->verify(false);
-    ASSERT_EQ(problems.size(), 3u);
-    int partial = 0, garbage = 0;
-    for (const auto& problem : problems) {
-      partial += problem.kind == "partial" ? 1 : 0;
-      garbage += problem.kind == "garbage" ? 1 : 0;
-    }
-    EXPECT_EQ(partial, 2);
-    EXPECT_EQ(garbage, 1);
+    ASSERT_EQ(problems.size(), 4u);
+    std::map<std::string, int> kinds;
+    for (const auto& problem : problems) ++kinds[problem.kind];
+    EXPECT_EQ(kinds["partial"], 2);
+    EXPECT_EQ(kinds["garbage"], 1);
+    EXPECT_EQ(kinds["unreferenced"], 1);
   }
   const auto alone = TensorCache::open(c);
-  EXPECT_EQ(alone->removed_on_open().size(), 3u);
-  EXPECT_TRUE(alone->verify(true).empty());
+  EXPECT_EQ(alone->removed_on_open(),
+            (std::vector<std::string>{"manifest.json.tmp.1.abc", "shard-000098-beef.safetensors",
+                                      "shard-000099-dead.safetensors.tmp.1.abc"}));
+  const auto problems = alone->verify(true);
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_EQ(problems[0].kind, "unreferenced");
+  EXPECT_TRUE(fs::exists(c + "/shard-000097-cafe.safetensors"));
+  EXPECT_FALSE(fs::exists(c + "/shard-000098-beef.safetensors.discardable"));
+  EXPECT_FALSE(fs::exists(c + "/shard-000096-gone.safetensors.discardable"));
   EXPECT_TRUE(fs::exists(c + "/notes.txt"));
   EXPECT_EQ(alone->size(), 3);
+}
+
+TEST(TensorCacheTest, ShardsCopiedBeforeTheirManifestAreKept) {
+  // A copy of a cache whose manifest.json arrives last, opened in between,
+  // is an empty cache; its shards were deleted as leftovers of a crash.
+  TempDir dir;
+  const std::string original = dir.file("original");
+  const std::string copy = dir.file("copy");
+  build(original, 6, 100);
+  fs::create_directory(copy);
+  for (const auto& file : fs::directory_iterator(original)) {
+    const std::string name = file.path().filename().string();
+    if (name.starts_with("shard-")) fs::copy_file(file.path(), copy + "/" + name);
+  }
+  {
+    const auto early = TensorCache::open(copy);
+    EXPECT_EQ(early->size(), 0);
+    EXPECT_TRUE(early->removed_on_open().empty());
+  }
+  fs::copy_file(original + "/manifest.json", copy + "/manifest.json");
+  const auto complete = TensorCache::open(copy);
+  ASSERT_EQ(complete->size(), 6);
+  BufferWriter writer;
+  complete->read_sample(5, writer);
+  EXPECT_TRUE(complete->verify(true).empty());
+}
+
+TEST(TensorCacheTest, ABuildLeavesNoMarkers) {
+  TempDir dir;
+  const std::string c = dir.file("c");
+  build(c, 6, 100);
+  build(c, 6, 100);  // every entry superseded: the first shards are marked, then removed
+  const auto alone = TensorCache::open(c);
+  EXPECT_FALSE(alone->removed_on_open().empty());
+  for (const auto& file : fs::directory_iterator(c)) {
+    EXPECT_FALSE(file.path().string().ends_with(".discardable")) << file.path();
+  }
 }
 
 TEST(TensorCacheTest, ACorruptShardNamesTheShardAndKeys) {
