@@ -22,6 +22,7 @@ import time
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -1077,3 +1078,30 @@ def test_default_collate_of_samples_that_require_grad_fails_in_workers_as_torch(
     ours = error(ll.DataLoader(NeedsGrad(), worker_mode=mode, **kwargs))
     assert ours == error(_torch(NeedsGrad(), **kwargs))
     assert "requires grad" in ours
+
+
+class ZeroDimArrays(Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int):
+        return {"label": np.array(i, dtype=np.int64), "weight": np.array(0.5)}
+
+
+def _count_and_stack(samples):
+    return {"n": np.array(len(samples)), "x": np.stack([s["weight"] for s in samples])}
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_zero_dim_arrays_keep_their_shape_as_torch(mode):
+    """A 0-d NumPy array in a batch crossed the process boundary as shape
+    (1,) (np.ascontiguousarray gives at least one dimension): labels came out
+    (B, 1) where torch's come out (B,)."""
+
+    def shapes(loader):
+        return [{k: (type(v).__name__, tuple(v.shape)) for k, v in b.items()} for b in loader]
+
+    for kwargs in (dict(batch_size=2), dict(batch_size=2, collate_fn=_count_and_stack),
+                   dict(batch_size=None)):  # fmt: skip
+        ours = shapes(ll.DataLoader(ZeroDimArrays(), num_workers=1, worker_mode=mode, **kwargs))
+        assert ours == shapes(_torch(ZeroDimArrays(), num_workers=1, **kwargs)), kwargs

@@ -76,7 +76,7 @@ def slot_array(value: Any, torch_names: dict | None) -> tuple[str, str, Any] | N
     import numpy as np
 
     if type(value) is np.ndarray and value.dtype.str in NUMPY_TO_NAME:
-        return "numpy", NUMPY_TO_NAME[value.dtype.str], np.ascontiguousarray(value)
+        return "numpy", NUMPY_TO_NAME[value.dtype.str], np.asarray(value, order="C")
     return None
 
 
