@@ -35,8 +35,19 @@ struct PythonCall {
   bool abandoned = false;  // the pool was closed: nobody will claim the outcome
 };
 
+bool python_is_finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing() != 0;
+#else
+  return _Py_IsFinalizing() != 0;
+#endif
+}
+
 void run_call(PythonCall& call, int worker) {
-  if (!Py_IsInitialized()) return;
+  // A thread asking for the GIL once finalization has begun is ended by
+  // CPython (pthread_exit). The exit handler in thread_iter.py closes the
+  // pools before that; this narrows what a call outliving it can hit.
+  if (!Py_IsInitialized() || python_is_finalizing()) return;
   nb::gil_scoped_acquire gil;
   try {
     call.value = call.function(call.argument, worker);

@@ -1105,3 +1105,25 @@ def test_zero_dim_arrays_keep_their_shape_as_torch(mode):
                    dict(batch_size=None)):  # fmt: skip
         ours = shapes(ll.DataLoader(ZeroDimArrays(), num_workers=1, worker_mode=mode, **kwargs))
         assert ours == shapes(_torch(ZeroDimArrays(), num_workers=1, **kwargs)), kwargs
+
+
+_LEFT_UNFINISHED = """
+import torch, leanloader as ll
+class Numbers(torch.utils.data.Dataset):
+    def __len__(self): return 23
+    def __getitem__(self, i): return i
+it = iter(ll.DataLoader(Numbers(), batch_size=4, shuffle=True, num_workers=2, worker_mode="thread"))
+"""
+
+
+def test_a_pass_left_unfinished_on_threads_exits_cleanly():
+    """A program that exits with a thread-mode pass under way: a worker thread
+    asking for the GIL while the interpreter finalized was ended by CPython,
+    and the process aborted (rc 134) in about half the runs."""
+    codes = [
+        subprocess.run(
+            [sys.executable, "-c", _LEFT_UNFINISHED], capture_output=True, timeout=120
+        ).returncode
+        for _ in range(8)
+    ]
+    assert codes == [0] * 8

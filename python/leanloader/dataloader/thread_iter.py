@@ -15,8 +15,10 @@ generator from ``get_worker_info().seed``.
 
 from __future__ import annotations
 
+import atexit
 import threading
 import traceback
+import weakref
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -169,6 +171,7 @@ class ThreadIterator:
         self._base_seed = draw_base_seed(loader.generator)
         self._workers = ThreadWorkers(loader, self._base_seed)
         self._pool = _core.PythonTaskPool(loader.num_workers)
+        _live_iterators.add(self)
         self._init_tasks = self._workers.start(self._pool)
         # task id -> its worker, in the order the batches were sent
         self._pending: dict[int, int] = {}
@@ -256,3 +259,20 @@ class ThreadIterator:
         pool = self.__dict__.get("_pool")
         if pool is not None:
             pool.close()
+
+
+# The pools of iterators still alive when the program exits are closed by an exit
+# handler, which runs before the interpreter starts finalizing: a worker
+# thread that asked for the GIL after that point was ended by CPython with
+# pthread_exit, whose unwinding through the engine's noexcept thread frame
+# aborted the process (rc 134 in about half the runs of a script that left a
+# pass unfinished).
+_live_iterators: weakref.WeakSet[ThreadIterator] = weakref.WeakSet()
+
+
+def _shutdown_all() -> None:
+    for iterator in list(_live_iterators):
+        iterator._shutdown_workers()
+
+
+atexit.register(_shutdown_all)
