@@ -306,6 +306,64 @@ def test_uneven_iterable_dataset_runs_twenty_epochs_like_torch():
     assert got == want
 
 
+class _SlowSecondWorker(IterableDataset):
+    """Three samples per worker; worker 1 slow, so that worker 0's stream has
+    ended while tasks are still queued to it."""
+
+    def _next(self) -> int:
+        if self.pos >= 3:
+            self.ended()
+            raise StopIteration
+        self.pos += 1
+        if get_worker_info().id == 1:
+            time.sleep(0.2)
+        return self.pos
+
+
+class Rewinding(_SlowSecondWorker):
+    """Iterates itself and rewinds at its end (re-iterable without __iter__)."""
+
+    def __init__(self) -> None:
+        self.pos = 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> int:
+        return self._next()
+
+    def ended(self) -> None:
+        self.pos = 0
+
+
+class ClosingReader(_SlowSecondWorker):
+    """Refuses next() once its stream has ended, as a closed file does."""
+
+    def __iter__(self):
+        self.pos, self.closed = 0, False
+        return self
+
+    def __next__(self) -> int:
+        if self.closed:
+            raise ValueError("I/O operation on closed file")
+        return self._next()
+
+    def ended(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.parametrize("dataset", [Rewinding, ClosingReader])
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_worker_whose_stream_ended_asks_it_for_nothing_more_as_torch(dataset, persistent):
+    """torch's worker skips the tasks queued behind the end of its stream
+    (iteration_end); ours called next() again for each: a rewinding iterator
+    leaked a second round into the pass, a closed reader raised."""
+    kwargs = dict(batch_size=None, num_workers=2, prefetch_factor=4, persistent_workers=persistent)
+    ours = _epochs(ll.DataLoader(dataset(), **kwargs), 2)
+    assert ours == _epochs(_torch(dataset(), **kwargs), 2)
+    assert ours[0] == [1, 1, 2, 2, 3, 3]
+
+
 @pytest.mark.parametrize("workers", [0, 3])
 def test_iterable_length_warning_is_torchs(workers):
     def run(cls):

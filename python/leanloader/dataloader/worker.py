@@ -323,6 +323,11 @@ def worker_main(
 
     slots = _BatchMemory()
     pending: collections.deque = collections.deque()
+    # torch's iteration_end: once an iterable dataset's stream has ended, the
+    # tasks still queued to this worker are answered "ended" without calling
+    # next() again (an iterator that rewinds itself at its end gave samples
+    # of a second round; one that refuses next() once closed, an error).
+    iteration_end = False
     while True:
         if pending:
             message = pending.popleft()
@@ -336,6 +341,7 @@ def worker_main(
         if message is SHUTDOWN:
             break
         if isinstance(message, Resume):
+            iteration_end = False
             if init_error is not None and init_error_sent and reached_init:
                 # torch's worker builds its fetcher again on _ResumeIteration
                 # even after a failed worker_init_fn: a persistent worker
@@ -362,6 +368,9 @@ def worker_main(
             results.send(Failed(epoch, task, init_error))
             init_error_sent = True
             continue
+        if iteration_end:
+            results.send(Exhausted(epoch, task))
+            continue
         task_slot = _TaskSlot(slots, tasks, pending, epoch, task, slot)
         streaming = streamed is not None and type(index) in (list, tuple) and len(index) > 0
         try:
@@ -373,6 +382,7 @@ def worker_main(
             # The end of an iterable dataset's stream; from a map-style
             # dataset it is a bug raised by __getitem__, an error as in torch.
             if setup.dataset_kind == _DatasetKind.Iterable:
+                iteration_end = True
                 results.send(Exhausted(epoch, task))
             else:
                 results.send(Failed(epoch, task, describe_error(stop, where)))
