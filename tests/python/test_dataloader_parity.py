@@ -471,6 +471,59 @@ def test_deleting_iterator_and_loader_ends_workers_without_gc():
         gc.enable()
 
 
+class FlakySampler(torch.utils.data.Sampler):
+    """Raises once, at position 5 (an index service's hiccup)."""
+
+    def __iter__(self):
+        for i in range(8):
+            if i == 5:
+                raise ConnectionError("index service hiccup")
+            yield i
+
+    def __len__(self) -> int:
+        return 8
+
+
+class SlowFirstOfFour(Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int):
+        if i == 0:
+            time.sleep(2.5)
+        return i
+
+
+def _drain(iterator, calls: int) -> list:
+    out = []
+    for _ in range(calls):
+        try:
+            out.append(_plain(next(iterator)))
+        except StopIteration:
+            out.append("StopIteration")
+            break
+        except Exception as error:
+            out.append(f"{type(error).__name__}: {str(error)[:36]}")
+    return out
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_an_error_of_the_sampler_or_a_timeout_leaves_the_iterator_usable_as_torch(mode):
+    """torch's iterator goes on after its sampler raised or a timeout expired:
+    a skip-and-continue loop finishes the pass, a retry gets the slow batch.
+    Ours shut its workers down on any error raised in the main process and
+    raised "shut down" from then on, never StopIteration; the thread mode
+    lost the batch it timed out on."""
+    flaky = dict(batch_size=1, sampler=FlakySampler(), num_workers=2)
+    ours = _drain(iter(ll.DataLoader(Numbers(), worker_mode=mode, **flaky)), 8)
+    assert ours == _drain(iter(_torch(Numbers(), **flaky)), 8)
+    assert ours[-1] == "StopIteration" and "ConnectionError" in ours[1]
+    slow = dict(batch_size=1, num_workers=1, timeout=1)
+    ours = _drain(iter(ll.DataLoader(SlowFirstOfFour(), worker_mode=mode, **slow)), 8)
+    assert ours == _drain(iter(_torch(SlowFirstOfFour(), **slow)), 8)
+    assert ours[-5:] == [[0], [1], [2], [3], "StopIteration"]
+
+
 # --- 8. torch's guards, validation and warnings -----------------------------------------------
 
 

@@ -78,6 +78,19 @@ class _Dead(Exception):
     pass
 
 
+class _TimedOut(Exception):
+    """No batch within `timeout`: the iterator stays usable (torch's does;
+    the slow batch is returned by a later next())."""
+
+
+class _SamplerRaised(Exception):
+    """The sampler raised: nothing was sent for it, the iterator stays usable
+    as torch's (a skip-and-continue loop finishes the pass)."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
 class _WorkerError:
     def __init__(self, info: dict[str, Any]) -> None:
         self.info = info
@@ -254,8 +267,17 @@ class ProcessIterator:
         self._workers_num_tasks = [0] * self._num_workers
         self._worker_cycle = itertools.cycle(range(self._num_workers))
         self.batch_segments.start_epoch(self._epoch)
-        for _ in range(self._prefetch * self._num_workers):
-            self._try_put_index()
+        try:
+            for _ in range(self._prefetch * self._num_workers):
+                self._try_put_index()
+        except _SamplerRaised as sampler:
+            raised = sampler.error
+        else:
+            return
+        try:
+            raise raised  # the sampler's own error, as torch's iter() raises it
+        finally:
+            del raised
 
     def _try_put_index(self) -> None:
         max_tasks = self._prefetch * self._num_workers
@@ -263,6 +285,8 @@ class ProcessIterator:
             index = next(self._sampler_iter)
         except StopIteration:
             return
+        except Exception as error:
+            raise _SamplerRaised(error) from None
         for _ in range(self._num_workers):
             worker = next(self._worker_cycle)
             if self._workers_status[worker]:
@@ -292,6 +316,10 @@ class ProcessIterator:
             return self._next_data()
         except StopIteration:
             raise
+        except _TimedOut as timed_out:
+            raise RuntimeError(str(timed_out)) from None
+        except _SamplerRaised as sampler:
+            raised = sampler.error
         except _Dead as dead:
             self.shutdown(grace=ERROR_JOIN_S)
             raise RuntimeError(str(dead)) from None
@@ -385,7 +413,7 @@ class ProcessIterator:
             if any(item in sentinels for item in ready):
                 self._check_workers(grace=True)
             if limit is not None and time.monotonic() - start > limit:
-                raise _Dead(
+                raise _TimedOut(
                     f"DataLoader timed out after {self._timeout} seconds waiting for batch "
                     f"{self._rcvd_idx} from worker {self._task_info.get(self._rcvd_idx, ('?',))[0]}"
                 )

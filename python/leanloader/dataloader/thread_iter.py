@@ -236,15 +236,17 @@ class ThreadIterator:
                 self._pool.result(self._init_tasks[0], timeout=self._timeout)
                 self._init_tasks.pop(0)
             raise StopIteration
-        if self._in_order:
-            task = next(iter(self._pending))
-        else:
-            # in_order=False: the first batch ready, as torch's iterator
-            # then returns whatever data arrives first.
-            task = self._pool.wait_any(list(self._pending), timeout=self._timeout)
+        # in_order=False: the first batch ready, as torch's iterator then
+        # returns whatever data arrives first.
+        waiting_for = [next(iter(self._pending))] if self._in_order else list(self._pending)
+        try:
+            task = self._pool.wait_any(waiting_for, timeout=self._timeout)
+        except TimeoutError:
+            # torch's words; the batch stays pending, for a later next().
+            raise RuntimeError(f"DataLoader timed out after {self._timeout:g} seconds") from None
         del self._pending[task]
         try:
-            return self._pool.result(task, timeout=self._timeout)
+            return self._pool.result(task)
         finally:
             # The next index goes out whether this batch failed or not, as
             # torch's _process_data puts one before it re-raises.
