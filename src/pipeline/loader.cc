@@ -288,6 +288,11 @@ LoaderState Loader::state() const {
   return out;
 }
 
+void Loader::set_epoch(uint64_t epoch) noexcept {
+  if (resume_ && resume_->epoch != epoch) resume_.reset();
+  epoch_ = epoch;
+}
+
 void Loader::load_state(const LoaderState& state) {
   const auto size = static_cast<uint64_t>(snapshot_->size());
   if (state.version != LoaderState::kVersion) {

@@ -67,10 +67,10 @@ def take(loader, k):
     return out
 
 
-def make(workers, seeded, **kw):
+def make(workers=0, seeded=True, **kw):
     generator = torch.Generator().manual_seed(5) if seeded else None
-    return ll.DataLoader(Indices(), batch_size=4, shuffle=True, num_workers=workers,
-                         generator=generator, **kw)  # fmt: skip
+    kw.setdefault("num_workers", workers)
+    return ll.DataLoader(Indices(), batch_size=4, shuffle=True, generator=generator, **kw)
 
 
 @pytest.mark.parametrize(
@@ -103,6 +103,23 @@ def test_resume_gives_the_rest_of_the_pass(workers, seeded, stops):
             assert rest == first_pass[k:], k
         elif seeded:  # a complete pass: the next one, drawn from the saved generator
             assert rest == second_pass
+
+
+@pytest.mark.parametrize("kw", [dict(num_workers=0), dict(num_workers=2, worker_mode="thread")])
+def test_a_state_saved_before_the_first_batch_resumes_the_whole_pass(kw):
+    """Saved after iter() but before any batch: with num_workers=0 the
+    iterator has drawn its base seed and the sampler nothing yet; the state
+    held the generator after that draw, and the resumed pass drew its seed
+    from there, giving another order."""
+    reference = make(seeded=True, **kw)
+    expected = ids(reference) + ids(reference)
+    run = make(seeded=True, **kw)
+    iterator = iter(run)
+    state = pickle.loads(pickle.dumps(run.state_dict()))
+    del iterator
+    resumed = make(seeded=True, **kw)
+    resumed.load_state_dict(state)
+    assert ids(resumed) + ids(resumed) == expected
 
 
 def test_resume_with_threads_and_a_distributed_sampler():

@@ -56,7 +56,9 @@ class Loader {
   const LoaderOptions& options() const noexcept { return options_; }
 
   // The epoch the next iterate() uses; iterate() then advances it by one.
-  void set_epoch(uint64_t epoch) noexcept { epoch_ = epoch; }
+  // A position loaded by load_state() is kept by set_epoch() of its own
+  // epoch and dropped by any other (it stays dropped when set back).
+  void set_epoch(uint64_t epoch) noexcept;
   uint64_t epoch() const noexcept { return epoch_; }
   // Batches this rank delivers in a whole epoch (from its start).
   int64_t num_batches() const noexcept;

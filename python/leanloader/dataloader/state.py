@@ -99,6 +99,7 @@ class PassProgress:
         self._resume: dict[str, Any] | None = None  # applied when the sampler starts
         self._discard = 0  # batches an iterable dataset reads and drops on resume
         self._generator: Any = None
+        self.generator_at_begin: Any = None  # the order generator's state when the pass began
 
     # -- hooks used by front.py -------------------------------------------------------------
 
@@ -112,6 +113,12 @@ class PassProgress:
         self.active = True
         self.yielded = 0
         self.rng_at_start = None
+        # The iterator draws its base seed before the sampler draws (with
+        # num_workers=0, at the first next()): a state saved in between
+        # gives the generator as the pass found it, so that a resumed pass
+        # draws that seed and then the same order.
+        generator = self._generator
+        self.generator_at_begin = generator.get_state() if generator is not None else None
 
     def counted(self, loader: DataLoader, iterator: Iterator) -> Iterator:
         """The pass's batches, counted; an iterable dataset without its own
@@ -241,7 +248,11 @@ def state_dict(loader: DataLoader) -> dict[str, Any]:
         # between passes: the loader's generator as it is, which the next pass
         # draws from (torch's global RNG is the caller's to save and restore)
         "generator_state": (
-            generator.get_state() if generator is not None and not mid_pass else None
+            progress.generator_at_begin
+            if progress.active and progress.rng_at_start is None
+            else generator.get_state()
+            if generator is not None and not mid_pass
+            else None
         ),
         "generator": _generator_kind(loader),
         "num_workers": loader.num_workers,

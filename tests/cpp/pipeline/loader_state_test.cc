@@ -219,7 +219,10 @@ TEST(LoaderStateTest, RestoreIsConstantTime) {
   loader.set_epoch(6);  // another epoch: the loaded position no longer applies
   EXPECT_EQ(loader.state().epoch, 6u);
   EXPECT_EQ(loader.state().position, 0u);
-  loader.set_epoch(5);
+  loader.set_epoch(5);  // and set back, still dropped: the pass starts at 0
+  EXPECT_EQ(loader.state().position, 0u);
+  loader.load_state(state);
+  loader.set_epoch(5);  // its own epoch keeps it
   EXPECT_EQ(loader.state().position, state.position);
   std::printf("[ LoaderState ] load_state over 1e9 samples: %.2f us\n", seconds * 1e6);
 }
