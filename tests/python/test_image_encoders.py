@@ -137,3 +137,50 @@ def test_files_from_other_encoders_decode_as_pillow_decodes_them(tmp_path, mode)
             different[name] = (got.shape, expected.shape, worst)
     assert not different, different
     assert len(files) >= 10, sorted(files)
+
+
+def _psnr(a, b) -> float:
+    mse = float(((a.astype(np.float64) - b.astype(np.float64)) ** 2).mean())
+    return 99.0 if mse == 0 else 10 * np.log10(255.0**2 / mse)
+
+
+@pytest.mark.parametrize("sample", ["2x2", "1x1", "2x1", "1x2", "4x1", "1x4", "2x2,1x2,2x1"])
+def test_dct_scaled_resizes_of_every_chroma_layout_stay_near_pillows(tmp_path, sample):
+    """Resize / RandomResizedCrop with DCT scaling, against Pillow's full
+    decode and BILINEAR resize (torchvision's result): >= 40 dB for every
+    chroma layout cjpeg writes, on a texture harsher than test_image's photo
+    (4:4:4, bounded by the DCT scale's 1.5x margin, is the worst: 40.1 dB).
+    Layouts libjpeg upsamples at a reduced scale (4:2:2, 4:4:0, 4:1:1,
+    mixed) came out at 24-32 dB."""
+    cjpeg = _tool("cjpeg")
+    if cjpeg is None:
+        pytest.skip("cjpeg (libjpeg-turbo-progs) is not installed")
+    rng = np.random.default_rng(12)
+    height, width = 603, 451
+    base = Image.fromarray(rng.integers(0, 256, (height // 8, width // 8, 3), dtype=np.uint8))
+    texture = Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
+    image = Image.blend(base.resize((width, height), Image.BICUBIC),
+                        texture.filter(ImageFilter.GaussianBlur(2)), 0.3)  # fmt: skip
+    image.save(tmp_path / "source.ppm")
+    path = tmp_path / "x.jpg"
+    subprocess.run([cjpeg, "-quality", "90", "-sample", sample, "-outfile", str(path),
+                    str(tmp_path / "source.ppm")], check=True, timeout=60)  # fmt: skip
+    full = Image.open(path).convert("RGB")
+    worst = {}
+    for name, transform in (("Resize(60)", [ll.Resize(60)]),
+                            ("Resize(130)", [ll.Resize(130)]),
+                            ("RandomResizedCrop(48)", [ll.RandomResizedCrop(48)])):  # fmt: skip
+        source = ll.Images([path] * 8, transform=transform, layout="HWC", dct_scaling=True)
+        loader = ll.Loader(source, batch_size=8, num_threads=2, output="numpy", collate="list")
+        values = []
+        for batch in loader:
+            for index, got in enumerate(batch["image"]):
+                params = source.transform_params(index)
+                box = None
+                if params["crops"]:
+                    ((i, j, h, w),) = params["crops"]
+                    box = (j, i, j + w, i + h)
+                expected = full.resize((got.shape[1], got.shape[0]), Image.BILINEAR, box=box)
+                values.append(_psnr(got, np.asarray(expected)))
+        worst[name] = round(min(values), 1)
+    assert min(worst.values()) >= 40, worst
