@@ -1238,3 +1238,60 @@ def test_a_pass_left_unfinished_on_threads_exits_cleanly():
         for _ in range(8)
     ]
     assert codes == [0] * 8
+
+
+class ImageTensor(torch.Tensor):
+    """A tensor subclass, as torchvision's tv_tensors.Image."""
+
+
+class BoxesTensor(torch.Tensor):
+    """A subclass with metadata in attributes, as tv_tensors.BoundingBoxes."""
+
+
+class SubclassSamples(Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int):
+        return torch.full((3,), float(i)).as_subclass(ImageTensor)
+
+
+def _detection_collate(samples):
+    boxes = torch.tensor([[0.0, 0.0, 4.0, 4.0]] * len(samples)).as_subclass(BoxesTensor)
+    boxes.format, boxes.canvas_size = "XYXY", (32, 32)
+    images = torch.stack([s.as_subclass(torch.Tensor) for s in samples]).as_subclass(ImageTensor)
+    return {"images": images, "boxes": boxes}
+
+
+class Float8Samples(Dataset):
+    def __init__(self, dtype) -> None:
+        self.dtype = dtype
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int):
+        return torch.full((2,), float(i + 1)).to(self.dtype)
+
+
+def test_tensor_subclasses_and_dtypes_no_slot_holds_arrive_as_torchs():
+    """From worker processes, a tensor subclass's instance (tv_tensors) came
+    back a plain Tensor without its attributes, and a batch of only float8
+    or complex32 tensors failed to unpickle (AttributeError)."""
+
+    def describe(batch):
+        if isinstance(batch, dict):
+            return {k: describe(v) for k, v in batch.items()}
+        state = {k: v for k, v in vars(batch).items()} if type(batch) is not torch.Tensor else {}
+        return (type(batch).__name__, str(batch.dtype), batch.float().tolist(), state)
+
+    for dataset, kwargs in ((SubclassSamples(), {}),
+                            (SubclassSamples(), dict(collate_fn=_detection_collate)),
+                            (Float8Samples(torch.float8_e4m3fn), {}),
+                            (Float8Samples(torch.float8_e5m2), {})):  # fmt: skip
+        loader_kwargs = dict(batch_size=2, num_workers=1, **kwargs)
+        ours = [describe(b) for b in ll.DataLoader(dataset, **loader_kwargs)]
+        assert ours == [describe(b) for b in _torch(dataset, **loader_kwargs)]
+    first = describe(next(iter(ll.DataLoader(SubclassSamples(), batch_size=2, num_workers=1,
+                                             collate_fn=_detection_collate))))  # fmt: skip
+    assert first["boxes"][0] == "BoxesTensor" and first["boxes"][3]["format"] == "XYXY"

@@ -113,23 +113,28 @@ class TensorLeaf:
     """A torch tensor of a batch that a plain SlotLeaf would change: a view
     with its own strides (a transpose, channels_last), one sharing its
     storage with another tensor of the batch, one that requires grad, an
-    ``nn.Parameter``. It is rebuilt as torch's pickled tensor is: over a
-    region of the slot holding the bytes of its storage that the batch's
-    tensors use (one region per storage, so views still share it), with its
-    strides, storage offset, requires_grad and class."""
+    ``nn.Parameter``, an instance of a subclass (torchvision's tv_tensors).
+    It is rebuilt as torch's pickled tensor is: over a region of the slot
+    holding the bytes of its storage that the batch's tensors use (one region
+    per storage, so views still share it), with its strides, storage offset,
+    requires_grad and class; a subclass's instance with its state (its
+    ``__dict__``: a BoundingBoxes' format and canvas_size), as torch's
+    ``_rebuild_from_type_v2`` restores it."""
 
     __slots__ = ("byte_start", "dtype", "parameter", "region", "requires_grad", "shape",
-                 "strides")  # fmt: skip
+                 "strides", "subclass")  # fmt: skip
 
     def __init__(self, region: SlotLeaf, byte_start: int, dtype: str, shape: tuple,
-                 strides: tuple, requires_grad: bool, parameter: bool) -> None:  # fmt: skip
+                 strides: tuple, requires_grad: bool, parameter: bool,
+                 subclass: tuple[type, Any] | None = None) -> None:  # fmt: skip
         self.region, self.byte_start, self.dtype = region, byte_start, dtype
         self.shape, self.strides = shape, strides
         self.requires_grad, self.parameter = requires_grad, parameter
+        self.subclass = subclass  # (class, torch._utils._get_obj_state(tensor)) or None
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return (TensorLeaf, (self.region, self.byte_start, self.dtype, self.shape, self.strides,
-                             self.requires_grad, self.parameter))  # fmt: skip
+                             self.requires_grad, self.parameter, self.subclass))  # fmt: skip
 
 
 class FortranLeaf:
@@ -143,6 +148,16 @@ class FortranLeaf:
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return (FortranLeaf, (self.transposed,))
+
+
+def is_tensor_subclass(value: Any) -> bool:
+    """An instance of a torch.Tensor subclass other than nn.Parameter."""
+    import torch
+
+    return isinstance(value, torch.Tensor) and type(value) not in (
+        torch.Tensor,
+        torch.nn.Parameter,
+    )
 
 
 def _tensor_span(tensor: Any) -> tuple[int, int]:
@@ -217,6 +232,7 @@ class _BatchLayout(_SlotLayout):
             or not tensor.is_contiguous()
             or tensor.requires_grad
             or isinstance(tensor, torch.nn.Parameter)
+            or is_tensor_subclass(tensor)
         )
 
     def _tensor_leaf(self, tensor: Any) -> TensorLeaf:
@@ -241,6 +257,9 @@ class _BatchLayout(_SlotLayout):
             tuple(tensor.stride()),
             bool(tensor.requires_grad),
             isinstance(tensor, torch.nn.Parameter),
+            (type(tensor), torch._utils._get_obj_state(tensor))
+            if is_tensor_subclass(tensor)
+            else None,
         )
 
 
@@ -342,9 +361,10 @@ def _plan_rows(
     import numpy as np
     import torch
 
-    if isinstance(sample, torch.Tensor) and sample.requires_grad:
+    if isinstance(sample, torch.Tensor) and (sample.requires_grad or is_tensor_subclass(sample)):
         # default_collate in a worker stacks into shared memory with out=,
-        # which autograd refuses: torch's collate decides (its error).
+        # which autograd refuses: torch's collate decides (its error). A
+        # subclass's stack is its own (__torch_function__): collated by it.
         raise _NotStackable
     found = slot_array(sample, torch_names)
     if found is not None:
@@ -370,7 +390,7 @@ def _match_rows(sample: Any, skeleton: Any, torch_names: dict, out: list) -> boo
     to `out`; False when `sample` does not have the skeleton's structure,
     dtypes and shapes (default_collate then decides, with every sample)."""
     if isinstance(skeleton, _ArrayColumn):
-        if getattr(sample, "requires_grad", False):
+        if getattr(sample, "requires_grad", False) or is_tensor_subclass(sample):
             return False  # (as in _plan_rows)
         found = slot_array(sample, torch_names)
         if found is None or found[0] != skeleton.kind or found[1] != skeleton.name:
@@ -546,7 +566,12 @@ def unpack_batch(template: Any, hold: Any) -> Any:
             tensor = torch.as_strided(raw.view(dtype), value.shape, value.strides)
         if value.parameter:
             return torch.nn.Parameter(tensor, requires_grad=value.requires_grad)
-        return tensor.requires_grad_(value.requires_grad)
+        tensor.requires_grad_(value.requires_grad)
+        if value.subclass is not None:
+            cls, state = value.subclass
+            tensor = tensor.as_subclass(cls)
+            torch._utils._set_obj_state(tensor, state)
+        return tensor
 
     def leaf(value: Any) -> Any:
         if not isinstance(value, (SlotLeaf, TensorLeaf, FortranLeaf)):

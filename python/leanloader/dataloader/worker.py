@@ -36,6 +36,7 @@ import signal
 import sys
 import time
 import traceback
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from leanloader import _core
@@ -496,7 +497,12 @@ class _BatchMemory:
                 batch, planned = batch.collated(), None
         template, copies, needed = planned or plan_batch(batch, torch_names)
         if needed == 0:
-            return Pickled(pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL))
+            # Through multiprocessing's ForkingPickler, as torch's result
+            # queue sends a batch: tensors of a dtype no slot holds (float8,
+            # complex32) go by torch's shared-memory reductions; plain pickle
+            # took its legacy storage path, which cannot load them.
+            data = ForkingPickler.dumps(batch, pickle.HIGHEST_PROTOCOL)
+            return Pickled(bytes(data))
         target = self.destination(slot, needed)
         for offset, array in copies:
             target.segment.write(target.base + offset, array)
