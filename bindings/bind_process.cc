@@ -112,10 +112,11 @@ void bind_process(nb::module_& m) {
             const size_t bytes = array_bytes(array);
             nb::gil_scoped_release release;
             self.write(offset, array.data(), bytes);
-            return bytes;
+            return reinterpret_cast<uintptr_t>(array.data());
           },
           nb::arg("offset"), nb::arg("array"),
-          "Copies a C-contiguous CPU array's bytes to `offset`; returns the byte count.")
+          "Copies a C-contiguous CPU array's bytes to `offset`; returns the address they were "
+          "copied from (where the array's memory is, for a caller that watches it).")
       .def(
           "array",
           [](const std::shared_ptr<SharedSegment>& self, size_t offset, const std::string& dtype,

@@ -1295,3 +1295,46 @@ def test_tensor_subclasses_and_dtypes_no_slot_holds_arrive_as_torchs():
     first = describe(next(iter(ll.DataLoader(SubclassSamples(), batch_size=2, num_workers=1,
                                              collate_fn=_detection_collate))))  # fmt: skip
     assert first["boxes"][0] == "BoxesTensor" and first["boxes"][3]["format"] == "XYXY"
+
+
+class RefilledBuffers(Dataset):
+    """Samples whose memory the dataset keeps and rewrites: one buffer filled
+    for every sample (returned whole, as a strided view, as a tensor), rows
+    of an array it holds (indices repeat), and fresh arrays whose freed
+    memory the next sample's allocation may reuse."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.buffer = np.zeros((2, 3), np.float32)
+        self.tensor = torch.zeros(2, 3, dtype=torch.bfloat16)
+        self.rows = np.arange(48, dtype=np.int16).reshape(8, 6)
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):
+        if self.kind == "buffer":
+            self.buffer[:] = i
+            return {"x": self.buffer, "label": i}
+        if self.kind == "strided view":
+            self.buffer[:] = i
+            return self.buffer.T[1:]
+        if self.kind == "tensor":
+            self.tensor[:] = i
+            return self.tensor, self.tensor[0]
+        if self.kind == "held rows":
+            return self.rows[i % 3]
+        return np.full(4096, i, np.float32)
+
+
+def test_a_buffer_the_dataset_refills_batches_as_torchs_collate_reads_it():
+    """Torch's collate stacks the samples after the batch's last __getitem__:
+    a dataset that refills one buffer gets the last values in every row.
+    Worker processes copied each sample as it came and gave other values
+    than torch's (and than num_workers=0 and thread workers)."""
+    for kind in ("buffer", "strided view", "tensor", "held rows", "fresh"):
+        dataset = RefilledBuffers(kind)
+        expected = [repr(batch) for batch in _torch(dataset, batch_size=4)]
+        for workers in (0, 2):
+            ours = ll.DataLoader(dataset, batch_size=4, num_workers=workers)
+            assert [repr(batch) for batch in ours] == expected, (kind, workers)

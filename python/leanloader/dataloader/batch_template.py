@@ -8,6 +8,7 @@ batch never exists twice in a worker."""
 from __future__ import annotations
 
 import copy
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -397,12 +398,12 @@ def _match_rows(sample: Any, skeleton: Any, torch_names: dict, out: list) -> boo
             return False
         if tuple(found[2].shape) != skeleton.shape:
             return False
-        out.append((skeleton, found[2]))
+        out.append((skeleton, found[2], sample))
         return True
     if isinstance(skeleton, _ValueColumn):
         if isinstance(sample, (dict, list, tuple)) or slot_array(sample, torch_names) is not None:
             return False
-        out.append((skeleton, sample))
+        out.append((skeleton, sample, None))
         return True
     kind, keys, children = skeleton
     if type(sample) is not kind:
@@ -421,20 +422,114 @@ def _match_rows(sample: Any, skeleton: Any, torch_names: dict, out: list) -> boo
     )
 
 
-def _take_sample(sample: Any, position: int, skeleton: Any, torch_names: dict, put: Any) -> bool:
+def _take_sample(sample: Any, position: int, skeleton: Any, torch_names: dict, put: Any,
+                 watch: _SourceWatch | None = None) -> bool:  # fmt: skip
     """Sample `position` of the batch into its rows: put(offset, array) for
-    each array leaf, its values kept for the rest; False (nothing put) when it
-    does not match the skeleton."""
+    each array leaf (and `watch` told where it came from), its values kept
+    for the rest; False (nothing put) when it does not match the skeleton."""
     leaves: list = []
     if not _match_rows(sample, skeleton, torch_names, leaves):
         return False
-    for column, value in leaves:
+    for column, value, source in leaves:
         if isinstance(column, _ArrayColumn):
             if column.row:
-                put(column.offset + position * column.row, value)
+                offset = column.offset + position * column.row
+                address = put(offset, value)
+                if watch is not None:
+                    watch.note(offset, source, value, address)
         else:
             column.values.append(value)
     return True
+
+
+class _SourceWatch:
+    """Torch's collate stacks the samples at the batch's end, after every
+    __getitem__; a stream copies each sample's arrays as it comes. The two
+    differ where a dataset keeps an array's memory and a later fetch
+    rewrites it (one buffer filled for every sample: torch's batch repeats
+    the last values). The owner of each row's memory (a NumPy view's base
+    array, a tensor's storage) is watched through a weak reference, so that
+    no sample's memory is kept alive; at the batch's end, the rows whose
+    memory is still alive and overlaps another row's are copied again from
+    it, as torch's collate reads them."""
+
+    __slots__ = ("rows",)
+
+    def __init__(self) -> None:
+        # (offset in the slot, owner's weak reference, low, high, layout):
+        # layout None for a contiguous source (the bytes [low, high)), else
+        # NumPy's array interface of its strided memory
+        self.rows: list[tuple[int, Any, int, int, dict | None]] = []
+
+    def note(self, offset: int, source: Any, written: Any, address: int) -> None:
+        """Row `offset` was copied from `written` (at `address`), the array
+        or contiguous copy of the sample's leaf `source`."""
+        import numpy as np
+
+        if type(source) is np.ndarray:
+            owner = source
+            while isinstance(owner.base, np.ndarray):
+                owner = owner.base
+            if written is source:
+                low, high, layout = address, address + source.nbytes, None
+            elif source.size == 0 or min(source.strides) < 0:
+                return
+            else:
+                address = source.__array_interface__["data"][0]
+                shape, strides = source.shape, source.strides
+                low, high, layout = _strided_memory(address, source.itemsize, shape, strides)
+        else:  # a tensor
+            if source.is_conj() or source.is_neg() or source.numel() == 0:
+                return  # its row is not its memory's bytes
+            owner = source.untyped_storage()
+            low, size = source.data_ptr(), source.element_size()
+            if source.is_contiguous():
+                high, layout = low + source.numel() * size, None
+            else:
+                strides = tuple(s * size for s in source.stride())
+                low, high, layout = _strided_memory(low, size, tuple(source.shape), strides)
+        try:
+            self.rows.append((offset, weakref.ref(owner), low, high, layout))
+        except TypeError:
+            pass  # an owner nothing can watch: not memory a dataset keeps
+
+    def copy_shared_rows(self, put: Any) -> None:
+        """put(offset, bytes) again for each row whose memory another row shares."""
+        if len(self.rows) < 2:
+            return
+        alive = [(row, owner) for row in self.rows if (owner := row[1]()) is not None]
+        alive.sort(key=lambda entry: entry[0][2])
+        shared: set[int] = set()
+        reach, reaching = -1, -1
+        for index, ((_, _, low, high, _), _) in enumerate(alive):
+            if low < reach:
+                shared.update((index, reaching))
+            if high > reach:
+                reach, reaching = high, index
+        if not shared:
+            return
+        import numpy as np
+
+        for index in sorted(shared):
+            offset, _, low, high, layout = alive[index][0]  # (its owner held in `alive`)
+            memory = _ArrayInterface(layout or {"data": (low, True), "typestr": "|u1",
+                                                "shape": (high - low,), "version": 3})  # fmt: skip
+            put(offset, np.ascontiguousarray(np.asarray(memory)).view(np.uint8).reshape(-1))
+
+
+class _ArrayInterface:
+    __slots__ = ("__array_interface__",)
+
+    def __init__(self, interface: dict) -> None:
+        self.__array_interface__ = interface
+
+
+def _strided_memory(address: int, itemsize: int, shape: tuple, strides: tuple) -> tuple:
+    """(low, high, array interface) of strided memory with non-negative strides."""
+    span = sum((n - 1) * s for n, s in zip(shape, strides, strict=True))
+    interface = {"data": (address, True), "typestr": f"|V{itemsize}", "shape": shape,
+                 "strides": strides, "version": 3}  # fmt: skip
+    return address, address + span + itemsize, interface
 
 
 def _rebuild_sample(skeleton: Any, index: int, segment: Any, base: int) -> Any:
@@ -511,12 +606,14 @@ class StreamedFetch:
         target = destination(layout.used)
         segment, base = target.segment, target.base
 
-        def put(offset: int, array: Any) -> None:
-            segment.write(base + offset, array)
+        def put(offset: int, array: Any) -> int:
+            return segment.write(base + offset, array)
 
+        watch = _SourceWatch()
         position = 0
         while True:
-            if not _take_sample(sample, position, skeleton, self.torch_names, put):
+            if not _take_sample(sample, position, skeleton, self.torch_names, put, watch):
+                watch.copy_shared_rows(put)
                 samples = [_rebuild_sample(skeleton, i, segment, base) for i in range(position)]
                 target.discard()
                 samples.append(sample)
@@ -527,6 +624,7 @@ class StreamedFetch:
             if position == batch_size:
                 break
             sample = dataset[indices[position]]
+        watch.copy_shared_rows(put)
         template = _row_template(skeleton, batch_size, self.collate, put, self.torch_names)
         return target.finish(template)
 
