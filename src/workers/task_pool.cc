@@ -98,7 +98,15 @@ int64_t TaskPool::submit_to(int worker, Task task) {
   return enqueue(worker, std::move(task));
 }
 
+void TaskPool::refuse_in_forked_child(const char* what) const {
+  if (!executor_.in_forked_child()) return;
+  throw Error(std::string("a thread pool cannot ") + what +
+              " in a forked child (its threads exist only in the process that created it); "
+              "create the loader inside the child");
+}
+
 int64_t TaskPool::enqueue(int worker, Task task) {
+  refuse_in_forked_child("take tasks");
   std::lock_guard lock(queue_->mutex);
   if (queue_->stopping) throw Error("the thread pool is closed");
   const int64_t id = next_id_++;
@@ -116,6 +124,7 @@ int64_t TaskPool::enqueue(int worker, Task task) {
 }
 
 bool TaskPool::wait(int64_t id, std::chrono::milliseconds timeout) {
+  refuse_in_forked_child("be waited on");
   std::unique_lock lock(queue_->mutex);
   const bool done = queue_->task_done.wait_for(
       lock, timeout, [&] { return queue_->finished.count(id) > 0 || queue_->broken; });
@@ -133,6 +142,7 @@ bool TaskPool::wait(int64_t id, std::chrono::milliseconds timeout) {
 }
 
 int64_t TaskPool::wait_any(std::span<const int64_t> ids, std::chrono::milliseconds timeout) {
+  refuse_in_forked_child("be waited on");
   std::unique_lock lock(queue_->mutex);
   int64_t found = -1;
   queue_->task_done.wait_for(lock, timeout, [&] {
@@ -150,7 +160,17 @@ int64_t TaskPool::wait_any(std::span<const int64_t> ids, std::chrono::millisecon
 }
 
 std::deque<TaskPool::Task> TaskPool::close(std::chrono::milliseconds deadline) {
+  const bool forked = executor_.in_forked_child();
   executor_.shutdown(deadline);
+  if (forked) {
+    // A pool inherited by a forked child (garbage a fork copied, closed by
+    // a finalizer there): a thread of the parent may have held the mutex at
+    // the fork, and the queues may be mid-change. Nothing here is touched:
+    // the queue is let go of without being destroyed, its tasks with it.
+    if (queue_ != nullptr) static_cast<void>(new std::shared_ptr<Queue>(std::move(queue_)));
+    return {};
+  }
+  if (queue_ == nullptr) return {};
   std::deque<Task> unstarted;
   std::lock_guard lock(queue_->mutex);
   queue_->stopping = true;

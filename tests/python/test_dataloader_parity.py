@@ -14,6 +14,7 @@ import functools
 import gc
 import multiprocessing
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -1338,3 +1339,28 @@ def test_a_buffer_the_dataset_refills_batches_as_torchs_collate_reads_it():
         for workers in (0, 2):
             ours = ll.DataLoader(dataset, batch_size=4, num_workers=workers)
             assert [repr(batch) for batch in ours] == expected, (kind, workers)
+
+
+def test_a_thread_mode_iterator_copied_into_a_forked_child_neither_hangs_nor_runs():
+    """A child forked while a thread-mode pass is live (torch's own fork
+    workers, multiprocessing) has a copy of the iterator but none of its
+    threads: next() there waited forever, and finalizing the copy could hang
+    on a lock a parent's thread held at the fork (a torch worker was seen
+    stuck in gc). Now next() raises, naming the cause, and the copy closes."""
+    loader = ll.DataLoader(Numbers(), batch_size=2, num_workers=2, worker_mode="thread")
+    iterator = iter(loader)
+    next(iterator)
+    child = os.fork()
+    if child == 0:
+        signal.alarm(20)  # a hang ends the child by SIGALRM
+        code = 3
+        try:
+            next(iterator)
+        except Exception as error:
+            code = 0 if "forked child" in str(error) else 2
+        del iterator
+        gc.collect()
+        os._exit(code)
+    _, status = os.waitpid(child, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    assert len(list(iterator)) > 0  # the parent's pass goes on

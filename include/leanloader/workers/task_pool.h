@@ -58,12 +58,19 @@ class TaskPool {
   int64_t wait_any(std::span<const int64_t> ids, std::chrono::milliseconds timeout);
 
   // Stops the threads (a task already running finishes first, up to
-  // `deadline`) and returns the tasks that never started. Idempotent.
+  // `deadline`) and returns the tasks that never started. Idempotent. In a
+  // child forked from the process that created the pool it touches nothing
+  // the parent's threads may have held (their mutex, their queues: those
+  // are leaked, never destroyed) and returns no tasks; submit() and wait()
+  // there throw Error instead of waiting on threads that do not exist.
   std::deque<Task> close(std::chrono::milliseconds deadline = std::chrono::milliseconds(2000));
 
  private:
   struct Queue;
   class Worker;
+
+  // Throws Error saying the pool cannot `what` when in a forked child.
+  void refuse_in_forked_child(const char* what) const;
 
   // Queues `task` for any thread (worker < 0) or for thread `worker`.
   int64_t enqueue(int worker, Task task);

@@ -1,13 +1,17 @@
 #include "leanloader/workers/task_pool.h"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <csignal>
 #include <memory>
 #include <mutex>
 #include <numeric>
 #include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -40,6 +44,47 @@ TEST(TaskPool, RunsEveryTaskOnceAndReportsWorkerIndex) {
     workers.insert(worker);
   }
   EXPECT_FALSE(workers.empty());
+}
+
+// A pool copied into a forked child (a thread-mode loader the child's
+// garbage collector finalizes) is closed there without touching what the
+// parent's threads held: forks are made while its threads take and finish
+// tasks, so some fork while one holds the queue's mutex. A close that took
+// it hung the child; a submit there would wait on threads that do not exist.
+TEST(TaskPool, AForkedChildClosesItsCopyWithoutWaitingAndRefusesWork) {
+  TaskPool pool(4);
+  std::atomic<bool> stop{false};
+  std::thread feeder([&] {
+    while (!stop.load()) {
+      const int64_t id = pool.submit([](int) {});
+      pool.wait(id, milliseconds(1000));
+    }
+  });
+  for (int fork_number = 0; fork_number < 20; ++fork_number) {
+    std::this_thread::sleep_for(milliseconds(2));
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      ::alarm(10);  // a close that hangs ends the child by SIGALRM
+      int code = 3;
+      try {
+        pool.submit([](int) {});
+      } catch (const Error& e) {
+        code = std::string(e.what()).find("forked child") != std::string::npos ? 0 : 2;
+      }
+      pool.close();
+      ::_exit(code);
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(child, &status, 0), child);
+    ASSERT_TRUE(WIFEXITED(status))
+        << "fork " << fork_number << ": signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+    EXPECT_EQ(WEXITSTATUS(status), 0) << "fork " << fork_number;
+  }
+  stop = true;
+  feeder.join();
+  const int64_t id = pool.submit([](int) {});
+  EXPECT_TRUE(pool.wait(id, milliseconds(5000)));  // the parent's pool still works
 }
 
 TEST(TaskPool, ATaskThatThrowsHasItsErrorRethrownByWaitNotTerminate) {
