@@ -1364,3 +1364,45 @@ def test_a_thread_mode_iterator_copied_into_a_forked_child_neither_hangs_nor_run
     _, status = os.waitpid(child, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
     assert len(list(iterator)) > 0  # the parent's pass goes on
+
+
+class GetitemsReturns(Dataset):
+    """A __getitems__ that returns something other than a list of samples."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):
+        return torch.tensor([i])
+
+    def __getitems__(self, indices):
+        if self.kind == "tuple":
+            return tuple(torch.tensor([i]) for i in indices)
+        if self.kind == "generator":
+            return (torch.tensor([i]) for i in indices)
+        if self.kind == "stacked array":
+            return np.stack([np.array([i]) for i in indices])
+        if self.kind == "dict":
+            return {"x": torch.tensor(indices)}
+        return torch.tensor(indices)
+
+
+def test_whatever_getitems_returns_goes_to_torchs_collate():
+    """A __getitems__ returning one stacked array or tensor failed in worker
+    processes with 'The truth value of an array ... is ambiguous', and a
+    generator or a dict with an error raised from leanloader's code, not
+    torch's "Caught TypeError in DataLoader worker process 0"."""
+
+    def outcome(loader):
+        try:
+            return [repr(batch) for batch in loader]
+        except Exception as error:
+            return type(error).__name__, str(error).splitlines()[0]
+
+    for kind in ("tuple", "generator", "stacked array", "dict", "tensor"):
+        expected = outcome(_torch(GetitemsReturns(kind), batch_size=4, num_workers=2))
+        ours = outcome(ll.DataLoader(GetitemsReturns(kind), batch_size=4, num_workers=2))
+        assert ours == expected, kind

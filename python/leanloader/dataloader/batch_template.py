@@ -301,7 +301,9 @@ def plan_stacked(
     fetched together (iterable datasets, ``__getitems__``). None when the
     samples do not stack that way (the caller collates them whole)."""
     samples = batch.samples
-    if not samples:
+    if type(samples) not in (list, tuple) or len(samples) == 0:
+        # what a __getitems__ may return besides samples (a generator, one
+        # stacked array, a dict): torch's collate decides, its result or error
         return None
     layout = _SlotLayout()
     try:
