@@ -557,6 +557,30 @@ def test_lightning_combined_loader_max_size_over_loaders_of_different_lengths():
     assert len(ours) == 10 and ours[-1] == {"short": None, "long": [18, 19]}
 
 
+def test_iterators_are_torchs_base_iterator_class_and_refuse_pickling_as_torchs():
+    """Code that tells a loader's iterator by torch's _BaseDataLoaderIter
+    (Lightning's CombinedLoader leaves them out of its state) missed ours,
+    and pickling one raised TypeError ("cannot pickle 'generator' object")
+    where torch raises NotImplementedError."""
+    import pickle
+
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    for kwargs in ({}, {"num_workers": 1}, {"num_workers": 1, "worker_mode": "thread"}):
+        iterator = iter(ll.DataLoader(Numbers(8), batch_size=2, **kwargs))
+        assert next(iterator)[:, 0].tolist() == [0, 1]
+        assert isinstance(iterator, _BaseDataLoaderIter), kwargs
+        with pytest.raises(NotImplementedError):
+            pickle.dumps(iterator)
+        assert [batch[:, 0].tolist() for batch in iterator] == [[2, 3], [4, 5], [6, 7]]
+    pytest.importorskip("pytorch_lightning")
+    from pytorch_lightning.utilities.combined_loader import CombinedLoader
+
+    combined = iter(CombinedLoader([ll.DataLoader(Numbers(8), batch_size=2)], "max_size_cycle"))
+    next(combined)
+    assert combined._iterator.__getstate__()["iterators"] == [None]
+
+
 FORK_SERVER_CTRL_C_SCRIPT = textwrap.dedent(
     """
     import signal, sys

@@ -33,6 +33,8 @@ import itertools
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from torch.utils.data.dataloader import _BaseDataLoaderIter
+
 if TYPE_CHECKING:
     from leanloader.dataloader.front import DataLoader
 
@@ -170,8 +172,13 @@ class PassProgress:
         yield from iterator
 
 
-class _Counted:
-    """Counts the batches a pass yields; forwards everything else."""
+class _Counted(_BaseDataLoaderIter):
+    """Counts the batches a pass yields; forwards everything else. A
+    _BaseDataLoaderIter, as torch's iterators are, for code that tells a
+    loader's iterator by that class (Lightning's CombinedLoader leaves them
+    out of its pickled state), and unpicklable as torch's (its
+    NotImplementedError); torch's constructor is not run (the inner
+    iterator is the pass)."""
 
     def __init__(self, progress: PassProgress, inner: Iterator, discard: int) -> None:
         self._progress = progress
@@ -225,6 +232,16 @@ class _Counted:
 
     def __len__(self) -> int:
         return len(self._inner)  # type: ignore[arg-type]
+
+    # torch's methods of the base class, forwarded as every other attribute
+    def _reset(self, *args: Any, **kwargs: Any) -> Any:
+        return self._inner._reset(*args, **kwargs)  # type: ignore[attr-defined]
+
+    def _next_index(self) -> Any:
+        return self._inner._next_index()  # type: ignore[attr-defined]
+
+    def _next_data(self) -> Any:
+        return self._inner._next_data()  # type: ignore[attr-defined]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.__dict__["_inner"], name)
