@@ -97,7 +97,9 @@ class Transform:
 class Resize(Transform):
     """torchvision's ``Resize``: ``size`` an int (the shorter side; the longer
     scales, truncated) or ``(h, w)``; ``max_size`` caps the longer side.
-    Antialiased (OpenCV INTER_AREA when shrinking, bilinear when enlarging)."""
+    Resampled as torchvision resizes a PIL image, by Pillow's
+    ``Image.resize(..., BILINEAR)`` (antialiased: the triangle filter widened
+    by the shrink factor), bit for bit on a full-size decode."""
 
     def __init__(self, size: int | Sequence[int], max_size: int | None = None, antialias=True):
         if isinstance(size, int) or (isinstance(size, Sequence) and len(size) == 1):
@@ -346,7 +348,7 @@ def decode_image(
     accept_corrupt_jpeg: bool = True,
     exif_orientation: bool = False,
 ):
-    """Decodes a JPEG, PNG, WebP, PPM/PGM/PBM or TIFF (bytes or a path) to an (H, W, C) uint8 NumPy
+    """Decodes a JPEG, PNG, WebP, PPM/PGM/PBM, TIFF or BMP (bytes or a path) to an (H, W, C) uint8 NumPy
     array, as ``Images`` does (a JPEG with corrupt data libjpeg works around
     is decoded with a ``RuntimeWarning``, as Pillow decodes it;
     ``accept_corrupt_jpeg=False`` refuses it)."""
