@@ -348,8 +348,9 @@ def decode_image(
     accept_corrupt_jpeg: bool = True,
     exif_orientation: bool = False,
 ):
-    """Decodes a JPEG, PNG, WebP, PPM/PGM/PBM, TIFF or BMP (bytes or a path) to an (H, W, C) uint8 NumPy
-    array, as ``Images`` does (a JPEG with corrupt data libjpeg works around
+    """Decodes a JPEG, PNG, WebP, PPM/PGM/PBM, TIFF or BMP (bytes or a path)
+    to an (H, W, C) uint8 NumPy array, as ``Images`` does (a JPEG with
+    corrupt data libjpeg works around
     is decoded with a ``RuntimeWarning``, as Pillow decodes it;
     ``accept_corrupt_jpeg=False`` refuses it)."""
     path = None

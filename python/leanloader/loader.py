@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import operator
 import os
 import warnings
 from collections.abc import Iterator
@@ -84,11 +85,22 @@ def _budget_bytes(memory_budget: int | str | None) -> int | None:
     return _core.parse_byte_size(str(memory_budget))
 
 
-def _unsigned_64(what: str, value: Any) -> Any:
+def _integer(what: str, value: Any) -> int:
+    """`value` as an int (a NumPy integer too), else a TypeError naming the
+    argument (the binding's listed its whole signature)."""
+    if isinstance(value, bool):
+        raise TypeError(f"{what} must be an int, got a bool ({value})")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what} must be an int, got {type(value).__name__} {value!r}") from None
+
+
+def _unsigned_64(what: str, value: Any) -> int:
     """`value` when it is an int the engine takes (0 <= value < 2**64);
-    else a ValueError that says so (the binding's TypeError listed its
-    whole signature)."""
-    if isinstance(value, int) and not isinstance(value, bool) and not 0 <= value < 2**64:
+    else a ValueError or TypeError that says so."""
+    value = _integer(what, value)
+    if not 0 <= value < 2**64:
         raise ValueError(f"{what} must be in [0, 2**64), got {value}")
     return value
 
@@ -203,20 +215,22 @@ class Loader:
             self._pinning = _core.HostPinning(self._runtime)
         self._core = _core.Loader(
             self.source,
-            batch_size=batch_size,
-            shuffle=shuffle,
+            batch_size=_integer("batch_size", batch_size),
+            shuffle=bool(shuffle),
             seed=_unsigned_64("seed", seed),
-            num_threads=num_threads if num_threads is not None else _default_threads(),
-            prefetch=prefetch,
+            num_threads=_integer("num_threads", num_threads)
+            if num_threads is not None
+            else _default_threads(),
+            prefetch=_integer("prefetch", prefetch),
             memory_budget=_budget_bytes(memory_budget),
-            drop_last=drop_last,
+            drop_last=bool(drop_last),
             on_error=on_error,
             max_skip_fraction=max_skip_fraction,
             collate=collate,
             pressure_threshold=_budget_bytes(pressure_threshold),
             rank=self.rank,
             world_size=self.world_size,
-            follow_updates=follow_updates,
+            follow_updates=bool(follow_updates),
             pinning=self._pinning,
         )
         if self._runtime is not None:

@@ -22,6 +22,11 @@ def ArraySource(arrays: Mapping[str, Any]) -> _core.ArraySource:
     if not isinstance(arrays, Mapping) or not arrays:
         raise ValueError("ArraySource takes a non-empty dict of name -> array")
     for name, array in arrays.items():
+        if not any(hasattr(array, hook) for hook in ("__dlpack__", "__array_interface__")):
+            raise TypeError(
+                f"ArraySource field {name!r}: a {type(array).__name__} is not an array; pass a "
+                "NumPy array or CPU tensor (np.asarray(value)): arrays are viewed, never copied"
+            )
         dtype = getattr(array, "dtype", None)
         if getattr(dtype, "byteorder", "=") == (">" if sys.byteorder == "little" else "<"):
             raise ValueError(

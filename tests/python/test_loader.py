@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -366,6 +367,27 @@ def test_seeds_and_epochs_outside_the_engine_s_range_are_value_errors():
     with pytest.raises(ValueError, match="epoch must be"):
         ll.Loader(arrays, batch_size=2).set_epoch(2**64)
     assert ll.Loader(arrays, batch_size=2, seed=2**64 - 1).state_dict()["seed"] == 2**64 - 1
+
+
+def test_arguments_of_the_wrong_type_are_named_with_what_was_given():
+    """A str batch_size, a float num_threads, a str seed and a list in an
+    ArraySource raised the binding's "incompatible function arguments" with
+    its whole signature; NumPy integers and truthy flags are taken, as
+    torch's DataLoader takes them."""
+    arrays = {"x": np.arange(8, dtype=np.float32).reshape(4, 2)}
+    for kwargs, message in (
+        ({"batch_size": "2"}, "batch_size must be an int, got str '2'"),
+        ({"batch_size": True}, "batch_size must be an int, got a bool"),
+        ({"batch_size": 2, "num_threads": 1.5}, "num_threads must be an int, got float 1.5"),
+        ({"batch_size": 2, "prefetch": None}, "prefetch must be an int, got NoneType"),
+        ({"batch_size": 2, "seed": "1"}, "seed must be an int, got str '1'"),
+    ):
+        with pytest.raises(TypeError, match=re.escape(message)):
+            ll.Loader(arrays, output="numpy", **kwargs)
+    with pytest.raises(TypeError, match="'y': a list is not an array"):
+        ll.ArraySource({"x": arrays["x"], "y": [1, 2, 3, 4]})
+    loader = ll.Loader(arrays, batch_size=np.int64(2), shuffle=1, seed=np.uint64(3), output="numpy")
+    assert sorted(int(v) for b in loader for v in b["x"][:, 0]) == [0, 2, 4, 6]
 
 
 def _evicted(path):
