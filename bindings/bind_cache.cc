@@ -71,6 +71,7 @@ nb::dict manifest_to_dict(const CacheManifest& manifest) {
       td["shape"] = nb::tuple(shape);
       td["offset"] = t.offset;
       td["nbytes"] = t.nbytes;
+      td["checksum"] = t.checksum;
       tensors.append(td);
     }
     e["tensors"] = tensors;
@@ -139,18 +140,18 @@ void bind_cache(nb::module_& m) {
            })
       .def(
           "verify",
-          [](const TensorCache& self, bool check_sources) {
+          [](const TensorCache& self, bool check_sources, bool check_data) {
             std::vector<CacheProblem> problems;
             {
               nb::gil_scoped_release release;
-              problems = self.verify(check_sources);
+              problems = self.verify(check_sources, check_data);
             }
             nb::list out;
             for (const CacheProblem& p : problems)
               out.append(nb::make_tuple(p.kind, p.where, p.message));
             return out;
           },
-          "check_sources"_a = true);
+          "check_sources"_a = true, "check_data"_a = false);
 
   nb::class_<SubsetSource, Source>(m, "SubsetSource")
       .def(nb::init<std::shared_ptr<const Source>, std::vector<int64_t>>(), "base"_a, "indices"_a,

@@ -149,18 +149,22 @@ class TensorCache(_core.TensorCache):
         return iter(self.keys())
 
     def verify(  # type: ignore[override]
-        self, check_sources: bool = True, include_garbage: bool = False
+        self, check_sources: bool = True, include_garbage: bool = False, check_data: bool = False
     ) -> list[dict[str, str]]:
         """Every problem found: ``{"kind": "invalid" | "stale" | "partial" |
-        "unreferenced", "where", "message"}``; an empty list when all is well.
-        ``check_sources`` also compares each entry's source file with its
-        fingerprint. ``"unreferenced"``: a shard no manifest references that no
-        build here left behind (e.g. a copy missing its manifest), kept.
-        ``include_garbage`` adds shards no entry references (``"garbage"``:
-        invisible to readers, removed by a later open; not an error)."""
+        "unreferenced" | "corrupt", "where", "message"}``; an empty list when
+        all is well. ``check_sources`` also compares each entry's source file
+        with its fingerprint. ``check_data`` reads every tensor and compares
+        its bytes with the XXH64 checksum written with them (``"corrupt"``:
+        the shard changed on disk; entries built before checksums were
+        written are not checked). ``"unreferenced"``: a shard no manifest
+        references that no build here left behind (e.g. a copy missing its
+        manifest), kept. ``include_garbage`` adds shards no entry references
+        (``"garbage"``: invisible to readers, removed by a later open; not an
+        error)."""
         return [
             {"kind": kind, "where": where, "message": message}
-            for kind, where, message in super().verify(check_sources)
+            for kind, where, message in super().verify(check_sources, check_data)
             if include_garbage or kind != "garbage"
         ]
 

@@ -183,12 +183,16 @@ class ManifestParser {
     expect(JsonReader::Kind::kObject, where, "each tensor must be an object");
     CacheTensorRecord tensor;
     bool seen[5] = {};
+    bool seen_checksum = false;
     reader_.begin_object();
     std::string key;
     while (reader_.next_key(key)) {
       if (key == "name") {
         once(seen[0], key, where);
         tensor.name = read_string(where, key);
+      } else if (key == "checksum") {  // optional: absent before checksums were written
+        once(seen_checksum, key, where);
+        tensor.checksum = read_string(where, key);
       } else if (key == "dtype") {
         once(seen[1], key, where);
         const std::string name = read_string(where, key);
@@ -376,7 +380,12 @@ std::string format_cache_manifest(const CacheManifest& manifest) {
         out += std::to_string(tensor.shape[d]);
       }
       out += "],\"offset\":" + std::to_string(tensor.offset) +
-             ",\"nbytes\":" + std::to_string(tensor.nbytes) + "}";
+             ",\"nbytes\":" + std::to_string(tensor.nbytes);
+      if (!tensor.checksum.empty()) {
+        out += ",\"checksum\":";
+        detail::append_json_string(out, tensor.checksum);
+      }
+      out += "}";
     }
     out += "]}";
   }

@@ -12,6 +12,7 @@
 
 #include "cache/cache_directory.h"
 #include "leanloader/core/error.h"
+#include "leanloader/io/content_hash.h"
 #include "leanloader/io/safetensors.h"
 
 namespace leanloader {
@@ -248,8 +249,12 @@ void CacheWriter::flush() {
     entry.fingerprint = pending_[slot].fingerprint;
     for (const auto& [tensor_name, tensor] : pending_[slot].tensors) {
       const SafetensorsEntry& written = *by_name.at(cache_shard_tensor_name(slot, tensor_name));
+      // Hashed from the bytes handed to the writer, which the shard holds
+      // as they are: verify(check_data) reads them back against it.
+      const std::byte* bytes = tensor.data();
       entry.tensors.push_back({tensor_name, written.dtype, written.shape,
-                               header.data_offset + written.begin, written.end - written.begin});
+                               header.data_offset + written.begin, written.end - written.begin,
+                               xxh64_text(xxh64({bytes, tensor.nbytes()}))});
     }
     published.entries.push_back(std::move(entry));
   }

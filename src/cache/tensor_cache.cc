@@ -12,6 +12,7 @@
 #include "io/file_io.h"
 #include "io/resident_copy.h"
 #include "leanloader/core/error.h"
+#include "leanloader/io/content_hash.h"
 
 namespace leanloader {
 
@@ -75,7 +76,7 @@ std::vector<CacheTensorRecord> records_of(const SafetensorsHeader& header) {
   std::vector<CacheTensorRecord> records;
   for (const SafetensorsEntry& entry : header.tensors) {
     records.push_back({entry.name, entry.dtype, entry.shape, header.data_offset + entry.begin,
-                       entry.end - entry.begin});
+                       entry.end - entry.begin, ""});
   }
   return records;
 }
@@ -514,7 +515,7 @@ std::vector<std::pair<std::string, Tensor>> TensorCache::entry(int64_t index) co
   return views;
 }
 
-std::vector<CacheProblem> TensorCache::verify(bool check_sources) const {
+std::vector<CacheProblem> TensorCache::verify(bool check_sources, bool check_data) const {
   const std::shared_ptr<const State> s = state();
   const CacheManifest& manifest = s->manifest;
   const std::vector<FieldSpec>& fields = s->field_list;
@@ -592,6 +593,28 @@ std::vector<CacheProblem> TensorCache::verify(bool check_sources) const {
                           std::string(error.what()) + " [" +
                               std::to_string(s->shard_entries[shard].size()) +
                               " entries unreadable: " + keys + "]"});
+    }
+  }
+
+  if (check_data) {
+    for (const CacheEntry& entry : manifest.entries) {
+      const Storage* mapping = nullptr;
+      try {
+        mapping = s->mapped_shard(entry.shard).mapping().get();
+      } catch (const Error&) {
+        continue;  // the shard's problem is reported above
+      }
+      for (const CacheTensorRecord& tensor : entry.tensors) {
+        // (offset + nbytes within the mapping: checked when it was mapped)
+        if (tensor.checksum.empty()) continue;
+        const std::string now = xxh64_text(xxh64({mapping->data() + tensor.offset, tensor.nbytes}));
+        if (now == tensor.checksum) continue;
+        problems.push_back({"corrupt", shard_path(entry.shard) + " key " + entry.key,
+                            "tensor '" + tensor.name + "': its bytes hash to " + now +
+                                ", not to the " + tensor.checksum +
+                                " written with them (the shard changed on disk since): "
+                                "rebuild the cache"});
+      }
     }
   }
 

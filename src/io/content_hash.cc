@@ -130,10 +130,13 @@ std::string content_hash_file(const std::string& path) {
     hasher.update(std::span(chunk.data(), n));
     offset += n;
   }
+  return xxh64_text(hasher.digest());
+}
+
+std::string xxh64_text(uint64_t hash) {
   static constexpr char kHex[] = "0123456789abcdef";
-  const uint64_t h = hasher.digest();
   std::string out = "xxh64:";
-  for (int shift = 60; shift >= 0; shift -= 4) out.push_back(kHex[(h >> shift) & 0xF]);
+  for (int shift = 60; shift >= 0; shift -= 4) out.push_back(kHex[(hash >> shift) & 0xF]);
   return out;
 }
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import textwrap
+
+import leanloader as ll
 
 ENCODER = textwrap.dedent(
     """
@@ -91,6 +94,34 @@ def test_verify_names_stale_invalid_and_partial_files(tmp_path):
 
     missing = cli("verify", "nowhere", cwd=tmp_path)
     assert missing.returncode == 1
+
+
+def test_verify_data_finds_a_flipped_byte_the_file_structure_hides(tmp_path):
+    """A byte changed on disk inside a tensor still reads as valid
+    safetensors with other values: `verify` reported the cache OK. With
+    --data (``check_data=True``) every tensor is hashed against the XXH64
+    written with it, and the entry is named."""
+    make_project(tmp_path)
+    cli("build", "--source", "in/*.bin", "--encode", "my_encoder:encode", "--out", "cache",
+        "--no-progress", "--batch-size", "2", "--shard-bytes", "40", cwd=tmp_path)  # fmt: skip
+    assert cli("verify", "cache", "--data", cwd=tmp_path).returncode == 0
+    manifest = json.loads((tmp_path / "cache" / "manifest.json").read_text())
+    entry = next(e for e in manifest["entries"] if e["key"].endswith("f3.bin"))
+    latent = next(t for t in entry["tensors"] if t["name"] == "latent")
+    assert latent["checksum"].startswith("xxh64:")
+    shard = tmp_path / "cache" / manifest["shards"][entry["shard"]]["file"]
+    with open(shard, "r+b") as file:
+        file.seek(latent["offset"] + 1)
+        byte = file.read(1)
+        file.seek(latent["offset"] + 1)
+        file.write(bytes([byte[0] ^ 0x10]))
+    assert cli("verify", "cache", cwd=tmp_path).returncode == 0  # the structure is intact
+    found = cli("verify", "cache", "--data", cwd=tmp_path)
+    assert found.returncode == 1
+    lines = [line for line in found.stdout.splitlines() if line.startswith("corrupt:")]
+    assert len(lines) == 1 and "f3.bin" in lines[0] and "tensor 'latent'" in lines[0], found.stdout
+    problems = ll.TensorCache(tmp_path / "cache").verify(check_sources=False, check_data=True)
+    assert [p["kind"] for p in problems] == ["corrupt"]
 
 
 def test_verify_a_per_sample_folder(tmp_path):

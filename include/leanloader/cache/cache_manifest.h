@@ -65,6 +65,9 @@ struct CacheTensorRecord {
   Shape shape;
   uint64_t offset = 0;  // absolute byte offset in the shard file
   uint64_t nbytes = 0;  // == shape_numel(shape) * dtype_size(dtype)
+  // "xxh64:<16 hex digits>" of the tensor's bytes as written (verify()'s
+  // check of the data); empty in manifests written before checksums were.
+  std::string checksum;
 };
 
 struct CacheEntry {

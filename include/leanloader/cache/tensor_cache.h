@@ -69,7 +69,9 @@ struct CacheProblem {
   // "partial": a leftover of an interrupted write (temp file, unmerged rank
   // manifest);
   // "garbage": a shard no manifest references (written before a crash, or
-  // all of its entries superseded). Readers never see it; not an error.
+  // all of its entries superseded). Readers never see it; not an error;
+  // "corrupt" (with check_data): a tensor whose bytes no longer hash to the
+  // checksum written with them (the shard changed on disk).
   std::string kind;
   std::string where;  // the file, or "<shard> key <key>"
   std::string message;
@@ -139,9 +141,12 @@ class TensorCache final : public Source {
   // Checks every shard or file and entry: readable, valid safetensors, and as
   // the manifest says; leftovers of interrupted writes; with `check_sources`,
   // whether each entry's source file still has its fingerprint (stat, or the
-  // content hash when the entry has one). Never throws for a problem in the
-  // cache; returns them all (empty = all is well).
-  std::vector<CacheProblem> verify(bool check_sources = true) const;
+  // content hash when the entry has one); with `check_data`, whether every
+  // tensor's bytes still hash to the checksum written with them (reads the
+  // whole cache; entries written before checksums were are not checked).
+  // Never throws for a problem in the cache; returns them all (empty = all
+  // is well).
+  std::vector<CacheProblem> verify(bool check_sources = true, bool check_data = false) const;
 
  private:
   class State;

@@ -31,6 +31,9 @@ class Xxh64 {
 
 uint64_t xxh64(std::span<const std::byte> bytes, uint64_t seed = 0) noexcept;
 
+// "xxh64:<16 lowercase hex digits>", the text form of a hash.
+std::string xxh64_text(uint64_t hash);
+
 // "xxh64:<16 lowercase hex digits>" of the whole file, read with pread in
 // large chunks (no mapping: hashing a source must not pin its pages). Throws
 // IoError naming the path.

@@ -39,6 +39,10 @@ def add_parser(subparsers: Any) -> None:
         "--no-sources", dest="sources", action="store_false",
         help="do not compare entries with their source files",
     )  # fmt: skip
+    verify.add_argument(
+        "--data", action="store_true",
+        help="also read every tensor and compare it with its checksum (reads the whole cache)",
+    )  # fmt: skip
     verify.add_argument("--json", action="store_true")
     verify.set_defaults(func=run_verify)
 
@@ -114,7 +118,9 @@ def run_inspect(args: argparse.Namespace) -> int:
 def run_verify(args: argparse.Namespace) -> int:
     try:
         cache = _open(args.path)
-        problems = cache.verify(check_sources=args.sources, include_garbage=True)
+        problems = cache.verify(
+            check_sources=args.sources, include_garbage=True, check_data=args.data
+        )
     except (OSError, ValueError) as error:
         # A manifest that does not parse, a missing directory: the cache is invalid.
         if args.json:

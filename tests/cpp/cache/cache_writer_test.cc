@@ -70,7 +70,7 @@ TEST(CacheManifestTest, RoundTripsThroughText) {
   entry.key = "img/\"odd\" key\n";
   entry.slot = 3;
   entry.fingerprint = {"/data/x.png", 123, -5, "xxh64:0123456789abcdef", "sha256:ff"};
-  entry.tensors.push_back({"latent", DType::kF16, {2, 3}, 128, 12});
+  entry.tensors.push_back({"latent", DType::kF16, {2, 3}, 128, 12, "xxh64:0123456789abcdef"});
   manifest.entries.push_back(entry);
   const CacheManifest again =
       parse_cache_manifest(format_cache_manifest(manifest), "/c/manifest.json");
@@ -80,6 +80,7 @@ TEST(CacheManifestTest, RoundTripsThroughText) {
   EXPECT_EQ(again.entries[0].fingerprint, entry.fingerprint);
   EXPECT_EQ(again.entries[0].tensors[0].shape, (Shape{2, 3}));
   EXPECT_EQ(again.entries[0].tensors[0].offset, 128u);
+  EXPECT_EQ(again.entries[0].tensors[0].checksum, "xxh64:0123456789abcdef");
 }
 
 void expect_rejected(const std::string& text, const std::string& fragment) {

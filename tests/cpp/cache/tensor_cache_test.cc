@@ -308,6 +308,31 @@ TEST(TensorCacheTest, ACorruptShardNamesTheShardAndKeys) {
   EXPECT_NE(problems[0].message.find("'k0'"), std::string::npos) << problems[0].message;
 }
 
+// A byte flipped inside a shard reads back as valid safetensors with other
+// values: only the checksum written with each tensor tells.
+TEST(TensorCacheTest, VerifyWithDataFindsAFlippedByteAndNamesItsEntry) {
+  TempDir dir;
+  const std::string c = dir.file("c");
+  build(c, 6, 100000);
+  EXPECT_TRUE(TensorCache::open(c)->verify(false, true).empty());
+  const auto manifest = read_cache_manifest(c + "/manifest.json");
+  const CacheTensorRecord& x_of_k4 = manifest.entries[4].tensors[0];
+  ASSERT_EQ(x_of_k4.name, "x");
+  ASSERT_TRUE(x_of_k4.checksum.starts_with("xxh64:")) << x_of_k4.checksum;
+  {
+    std::fstream shard(c + "/" + manifest.shards[0].file,
+                       std::ios::in | std::ios::out | std::ios::binary);
+    shard.seekp(static_cast<std::streamoff>(x_of_k4.offset + 5));
+    shard.put('\x7f');
+  }
+  EXPECT_TRUE(TensorCache::open(c)->verify(false).empty());  // without the data: unseen
+  const auto problems = TensorCache::open(c)->verify(false, true);
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_EQ(problems[0].kind, "corrupt");
+  EXPECT_TRUE(problems[0].where.ends_with(" key k4")) << problems[0].where;
+  EXPECT_NE(problems[0].message.find("tensor 'x'"), std::string::npos) << problems[0].message;
+}
+
 TEST(TensorCacheTest, VerifyReportsStaleSources) {
   TempDir dir;
   const std::string c = dir.file("c");
