@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <cerrno>
+#include <filesystem>
 #include <limits>
 #include <map>
 #include <set>
@@ -17,12 +18,28 @@
 
 namespace leanloader {
 
+namespace {
+
+// `current` is absolute; `stored` too, or relative as earlier versions
+// stored a path given relative (it then matches where it resolves to the
+// same file name under some working directory, as it did then).
+bool paths_match(const std::string& stored, const std::string& current) {
+  if (stored == current) return true;
+  if (stored.empty() || stored.front() == '/') return false;
+  std::string relative = stored;
+  while (relative.starts_with("./")) relative.erase(0, 2);
+  return current.size() > relative.size() && current.ends_with(relative) &&
+         current[current.size() - relative.size() - 1] == '/';
+}
+
+}  // namespace
+
 bool fingerprint_matches(const SourceFingerprint& stored, const SourceFingerprint& current) {
   if (stored.config != current.config) return false;
   if (!stored.content_hash.empty() || !current.content_hash.empty()) {
     return stored.content_hash == current.content_hash && stored.size == current.size;
   }
-  return stored.path == current.path && stored.size == current.size &&
+  return paths_match(stored.path, current.path) && stored.size == current.size &&
          stored.mtime_ns == current.mtime_ns;
 }
 
@@ -31,7 +48,9 @@ SourceFingerprint fingerprint_file(const std::string& path, bool with_content_ha
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) throw IoError("cannot stat", path, errno);
   SourceFingerprint fingerprint;
-  fingerprint.path = path;
+  std::error_code error;
+  const std::filesystem::path absolute = std::filesystem::absolute(path, error);
+  fingerprint.path = error ? path : absolute.lexically_normal().string();
   fingerprint.size = static_cast<uint64_t>(st.st_size);
   fingerprint.mtime_ns =
       static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;

@@ -124,6 +124,34 @@ def test_verify_data_finds_a_flipped_byte_the_file_structure_hides(tmp_path):
     assert [p["kind"] for p in problems] == ["corrupt"]
 
 
+def test_sources_given_relative_are_told_apart_across_working_directories(tmp_path):
+    """Keys and source paths given relative ("in/f0.bin") were fingerprinted
+    as given: a build from a second copy of the dataset (other bytes, the
+    same sizes and mtimes, as rsync -a or tar leave them) found every entry
+    fresh and kept the first copy's values."""
+    for copy, first_byte in (("a", 1), ("b", 100)):
+        (tmp_path / copy).mkdir()
+        make_project(tmp_path / copy)
+        for i in range(5):
+            (tmp_path / copy / "in" / f"f{i}.bin").write_bytes(bytes([first_byte + i]) * (10 + i))
+    for i in range(5):
+        stat = os.stat(tmp_path / "a" / "in" / f"f{i}.bin")
+        os.utime(tmp_path / "b" / "in" / f"f{i}.bin", ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    cache = str(tmp_path / "cache")
+    for copy in ("a", "b"):
+        built = cli("build", "--source", "in/*.bin", "--encode", "my_encoder:encode", "--out",
+                    cache, "--no-progress", cwd=tmp_path / copy)  # fmt: skip
+        assert built.returncode == 0, built.stderr
+        assert "built 5" in built.stdout, (copy, built.stdout)
+    opened = ll.TensorCache(cache)
+    first_bytes = sorted(int(opened[key]["latent"][0, 0]) for key in opened.keys())
+    assert first_bytes == [100, 101, 102, 103, 104]  # the second copy's
+    again = cli("build", "--source", "in/*.bin", "--encode", "my_encoder:encode", "--out",
+                cache, "--no-progress", cwd=tmp_path / "b")  # fmt: skip
+    assert "built 0, already fresh 5" in again.stdout
+    assert cli("verify", cache, cwd=tmp_path / "b").returncode == 0
+
+
 def test_verify_a_per_sample_folder(tmp_path):
     import numpy as np
     from safetensors.numpy import save_file

@@ -40,7 +40,10 @@ inline constexpr std::string_view kCacheManifestName = "manifest.json";
 // - with a content hash: the hashes and sizes are equal (a touched but
 //   unchanged file stays fresh, a moved one too);
 // - without: path, size and mtime_ns are equal (any touch or rewrite makes
-//   the entry stale).
+//   the entry stale). Paths are absolute (a relative one named another
+//   file from another working directory); a relative path stored by an
+//   earlier version matches an absolute one that ends with it, as it
+//   matched before.
 // Samples that are not files (array rows) have an empty path and size and
 // mtime_ns 0: only the configuration (and a caller-given content_hash) counts.
 struct SourceFingerprint {
@@ -54,8 +57,9 @@ struct SourceFingerprint {
 
 bool fingerprint_matches(const SourceFingerprint& stored, const SourceFingerprint& current);
 
-// The fingerprint of the file at `path` now: stat (size, mtime_ns) and, when
-// `with_content_hash`, the XXH64 of its bytes. Throws IoError.
+// The fingerprint of the file at `path` now: its absolute path (made from
+// the working directory, symbolic links kept), stat (size, mtime_ns) and,
+// when `with_content_hash`, the XXH64 of its bytes. Throws IoError.
 SourceFingerprint fingerprint_file(const std::string& path, bool with_content_hash,
                                    const std::string& config);
 

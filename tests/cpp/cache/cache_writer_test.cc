@@ -240,5 +240,41 @@ TEST(CacheWriterTest, FingerprintOfAFileChangesWhenTouchedOrRewritten) {
   EXPECT_FALSE(fingerprint_matches(hashed, fingerprint_file(path, true, "c")));
 }
 
+// A relative path named another file from another working directory: two
+// copies of a dataset with equal sizes and mtimes (rsync -a, tar) were the
+// same source. The path is stored absolute; a relative one stored before
+// matches where it resolves to the same name, as it did.
+TEST(CacheWriterTest, AFingerprintNamesItsFileWhateverTheWorkingDirectory) {
+  TempDir dir;
+  for (const char* copy : {"a", "b"}) {
+    fs::create_directories(dir.file(copy) + "/data");
+    std::ofstream(dir.file(copy) + "/data/x.bin") << (copy[0] == 'a' ? "first" : "other");
+  }
+  fs::last_write_time(dir.file("b") + "/data/x.bin",
+                      fs::last_write_time(dir.file("a") + "/data/x.bin"));
+  const fs::path was = fs::current_path();
+  fs::current_path(dir.file("a"));
+  const SourceFingerprint in_a = fingerprint_file("data/x.bin", false, "c");
+  fs::current_path(dir.file("b"));
+  const SourceFingerprint in_b = fingerprint_file("./data/x.bin", false, "c");
+  fs::current_path(was);
+  EXPECT_EQ(in_a.path, dir.file("a") + "/data/x.bin");
+  EXPECT_EQ(in_b.path, dir.file("b") + "/data/x.bin");
+  EXPECT_EQ(in_a.size, in_b.size);
+  EXPECT_EQ(in_a.mtime_ns, in_b.mtime_ns);
+  EXPECT_FALSE(fingerprint_matches(in_a, in_b));
+  SourceFingerprint stored_relative = in_a;  // as earlier versions stored it
+  stored_relative.path = "data/x.bin";
+  EXPECT_TRUE(fingerprint_matches(stored_relative, in_a));
+  stored_relative.path = "./data/x.bin";
+  EXPECT_TRUE(fingerprint_matches(stored_relative, in_b));
+  stored_relative.path = "a/x.bin";
+  EXPECT_FALSE(fingerprint_matches(stored_relative, in_a));
+  stored_relative.path = "x.bin";
+  EXPECT_TRUE(fingerprint_matches(stored_relative, in_a));
+  stored_relative.path = "ta/x.bin";  // not a whole path component
+  EXPECT_FALSE(fingerprint_matches(stored_relative, in_a));
+}
+
 }  // namespace
 }  // namespace leanloader
