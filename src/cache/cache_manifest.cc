@@ -3,7 +3,6 @@
 #include <sys/stat.h>
 
 #include <cerrno>
-#include <filesystem>
 #include <limits>
 #include <map>
 #include <set>
@@ -11,6 +10,7 @@
 #include <unordered_set>
 
 #include "cache/cache_directory.h"
+#include "io/file_io.h"
 #include "io/json.h"
 #include "leanloader/core/checked_size.h"
 #include "leanloader/core/error.h"
@@ -48,9 +48,7 @@ SourceFingerprint fingerprint_file(const std::string& path, bool with_content_ha
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) throw IoError("cannot stat", path, errno);
   SourceFingerprint fingerprint;
-  std::error_code error;
-  const std::filesystem::path absolute = std::filesystem::absolute(path, error);
-  fingerprint.path = error ? path : absolute.lexically_normal().string();
+  fingerprint.path = detail::absolute_path_as_named(path);
   fingerprint.size = static_cast<uint64_t>(st.st_size);
   fingerprint.mtime_ns =
       static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
 #include <set>
 
 #include "cache/cache_directory.h"
@@ -152,16 +151,8 @@ std::shared_ptr<TensorCache> TensorCache::open(const std::string& path, bool cle
 
 // A relative path is made absolute at open: shards are mapped lazily and a
 // later os.chdir() must not make them another directory's files.
-namespace {
-std::string absolute_or_as_given(const std::string& path) {
-  std::error_code error;
-  const std::filesystem::path absolute = std::filesystem::absolute(path, error);
-  return error || path.empty() ? path : absolute.string();
-}
-}  // namespace
-
 TensorCache::TensorCache(const std::string& path, bool cleanup)
-    : path_(absolute_or_as_given(path)) {
+    : path_(detail::absolute_path_as_named(path)) {
   state_ = load_state(cleanup);
   field_lists_.push_back(std::make_shared<const std::vector<FieldSpec>>(state_->field_list));
 }

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <climits>
 #include <cstdlib>
+#include <filesystem>
 #include <random>
 
 #include "leanloader/core/error.h"
@@ -147,6 +148,17 @@ std::string absolute_path(const std::string& path) {
   char resolved[PATH_MAX];
   if (::realpath(path.c_str(), resolved) != nullptr) return resolved;
   return path;
+}
+
+std::string absolute_path_as_named(const std::string& path) {
+  std::error_code error;
+  const std::filesystem::path absolute = std::filesystem::absolute(path, error);
+  if (error || path.empty()) return path;
+  std::filesystem::path kept;
+  for (const std::filesystem::path& part : absolute) {
+    if (!part.empty() && part != ".") kept /= part;
+  }
+  return kept.string();
 }
 
 namespace {

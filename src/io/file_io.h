@@ -84,6 +84,14 @@ struct FileIdentity {
 // directory is the one it was named against; `path` as given when that fails.
 std::string absolute_path(const std::string& path);
 
+// `path` made absolute from the working directory as named: "." components
+// dropped, ".." and symbolic links kept (collapsing "link/.." would name
+// another file than the one reached); `path` as given when that fails. For
+// paths stored to name a file later (a cache's source fingerprints), where
+// resolving links would make every path an earlier version stored relative
+// look like another file.
+std::string absolute_path_as_named(const std::string& path);
+
 // Reads a whole file into a string. Throws IoError.
 std::string read_whole_file(const std::string& path);
 

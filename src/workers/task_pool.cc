@@ -170,7 +170,6 @@ std::deque<TaskPool::Task> TaskPool::close(std::chrono::milliseconds deadline) {
     if (queue_ != nullptr) static_cast<void>(new std::shared_ptr<Queue>(std::move(queue_)));
     return {};
   }
-  if (queue_ == nullptr) return {};
   std::deque<Task> unstarted;
   std::lock_guard lock(queue_->mutex);
   queue_->stopping = true;

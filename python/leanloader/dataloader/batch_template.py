@@ -464,8 +464,9 @@ class _SourceWatch:
         self.rows: list[tuple[int, Any, int, int, dict | None]] = []
 
     def note(self, offset: int, source: Any, written: Any, address: int) -> None:
-        """Row `offset` was copied from `written` (at `address`), the array
-        or contiguous copy of the sample's leaf `source`."""
+        """Row `offset` (of at least one byte) was copied from `written` (at
+        `address`), the array or contiguous copy of the sample's leaf
+        `source`."""
         import numpy as np
 
         if type(source) is np.ndarray:
@@ -474,14 +475,14 @@ class _SourceWatch:
                 owner = owner.base
             if written is source:
                 low, high, layout = address, address + source.nbytes, None
-            elif source.size == 0 or min(source.strides) < 0:
+            elif min(source.strides) < 0:
                 return
             else:
                 address = source.__array_interface__["data"][0]
                 shape, strides = source.shape, source.strides
                 low, high, layout = _strided_memory(address, source.itemsize, shape, strides)
         else:  # a tensor
-            if source.is_conj() or source.is_neg() or source.numel() == 0:
+            if source.is_conj() or source.is_neg():
                 return  # its row is not its memory's bytes
             owner = source.untyped_storage()
             low, size = source.data_ptr(), source.element_size()

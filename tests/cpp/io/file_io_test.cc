@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -38,6 +39,24 @@ TEST(AtomicFileWriterTest, AReplacedFileKeepsItsPermissionBits) {
   std::string text;
   std::ifstream(path) >> text;
   EXPECT_EQ(text, "new");
+}
+
+// A path kept to name a file later: "." dropped, but ".." after a symbolic
+// link names the link target's parent, so it stays (collapsing it named
+// another file).
+TEST(AbsolutePathAsNamedTest, DropsDotsButKeepsLinksAndDotDot) {
+  testing::TempDir dir;
+  std::filesystem::create_directories(dir.file("real/sub"));
+  std::filesystem::create_symlink(dir.file("real/sub"), dir.file("link"));
+  std::ofstream(dir.file("real/x")) << "reached through link/..";
+  const std::filesystem::path was = std::filesystem::current_path();
+  std::filesystem::current_path(dir.path());
+  const std::string dotted = absolute_path_as_named("./link/./../x");
+  std::filesystem::current_path(was);
+  EXPECT_EQ(dotted, dir.file("link/../x"));
+  EXPECT_TRUE(std::filesystem::exists(dotted));  // the file reached: real/x
+  EXPECT_FALSE(std::filesystem::exists(dir.file("x")));
+  EXPECT_EQ(absolute_path_as_named("/a/./b/"), "/a/b");
 }
 
 TEST(ListDirectoryTest, AMissingOrUnreadableDirectoryIsAnIoErrorNamingIt) {
