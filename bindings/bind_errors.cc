@@ -21,6 +21,31 @@ namespace {
 
 PyObject* g_error_type = nullptr;
 PyObject* g_format_error_type = nullptr;
+PyObject* g_decompression_bomb_warning = nullptr;
+// leanloader's DecompressionBombWarning deriving from Pillow's too, made
+// the first time one is raised while PIL.Image is imported: a filter on
+// Pillow's class then treats ours alike (a user who never imported Pillow
+// cannot have such a filter, so Pillow is never imported here).
+PyObject* g_decompression_bomb_warning_and_pillows = nullptr;
+
+PyObject* with_pillows_warning() {
+  PyObject* image = PyDict_GetItemString(PyImport_GetModuleDict(), "PIL.Image");  // borrowed
+  if (image == nullptr) return nullptr;
+  const nb::object pillows = nb::steal(PyObject_GetAttrString(image, "DecompressionBombWarning"));
+  if (!pillows.is_valid() || !PyType_Check(pillows.ptr()) ||
+      !PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(pillows.ptr()),
+                        reinterpret_cast<PyTypeObject*>(PyExc_RuntimeWarning))) {
+    PyErr_Clear();  // a Pillow without it (or a stand-in module): ours alone
+    return nullptr;
+  }
+  const nb::object bases = nb::steal(PyTuple_Pack(2, g_decompression_bomb_warning, pillows.ptr()));
+  PyObject* type = PyErr_NewExceptionWithDoc(
+      "leanloader.DecompressionBombWarning",
+      "leanloader.DecompressionBombWarning that is Pillow's DecompressionBombWarning as well.",
+      bases.ptr(), nullptr);
+  if (type == nullptr) PyErr_Clear();
+  return type;
+}
 
 PyObject* python_type_for(ErrorKind kind) {
   switch (kind) {
@@ -68,6 +93,16 @@ void raise_python_error(const Error& error) {
   throw nb::python_error();
 }
 
+PyObject* warning_category(WarningKind kind) {
+  if (kind != WarningKind::kPixelLimit) return PyExc_RuntimeWarning;
+  if (g_decompression_bomb_warning_and_pillows == nullptr) {
+    g_decompression_bomb_warning_and_pillows = with_pillows_warning();
+  }
+  return g_decompression_bomb_warning_and_pillows != nullptr
+             ? g_decompression_bomb_warning_and_pillows
+             : g_decompression_bomb_warning;
+}
+
 void bind_errors(nb::module_& m) {
   g_error_type = PyErr_NewExceptionWithDoc(
       "leanloader.Error", "Base class of leanloader's own errors.", PyExc_RuntimeError, nullptr);
@@ -77,6 +112,12 @@ void bind_errors(nb::module_& m) {
       PyExc_ValueError, nullptr);
   m.attr("Error") = nb::handle(g_error_type);
   m.attr("FormatError") = nb::handle(g_format_error_type);
+  g_decompression_bomb_warning = PyErr_NewExceptionWithDoc(
+      "leanloader.DecompressionBombWarning",
+      "An image above max_pixels was decoded (Pillow's DecompressionBombWarning; while Pillow "
+      "is imported the warning is an instance of Pillow's class too).",
+      PyExc_RuntimeWarning, nullptr);
+  m.attr("DecompressionBombWarning") = nb::handle(g_decompression_bomb_warning);
 
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {

@@ -147,15 +147,21 @@ void bind_image(nb::module_& m) {
                                            {reinterpret_cast<uint8_t*>(storage->data()), size});
           tensor = Tensor(storage, 0, DType::kU8, {info.height, info.width, channels});
         }
-        nb::list warnings;
-        if (over_pixel_limit) warnings.append(pixel_limit_warning(name, info, options.max_pixels));
-        if (corrupt_data) warnings.append(corrupt_jpeg_warning(name));
+        nb::list warnings;  // (category, message)
+        if (over_pixel_limit) {
+          warnings.append(nb::make_tuple(nb::handle(warning_category(WarningKind::kPixelLimit)),
+                                         pixel_limit_warning(name, info, options.max_pixels)));
+        }
+        if (corrupt_data) {
+          warnings.append(nb::make_tuple(nb::handle(warning_category(WarningKind::kGeneral)),
+                                         corrupt_jpeg_warning(name)));
+        }
         return nb::make_tuple(tensor_to_python(tensor, OutputFramework::kNumpy), warnings);
       },
       nb::arg("data"), nb::arg("mode"), nb::arg("max_pixels"), nb::arg("accept_corrupt_jpeg"),
       nb::arg("exif_orientation"), nb::arg("name"),
-      "Decodes image bytes to (an (H, W, C) uint8 array, the warnings naming `name`: over "
-      "max_pixels, corrupt JPEG data).");
+      "Decodes image bytes to (an (H, W, C) uint8 array, the (category, message) warnings "
+      "naming `name`: over max_pixels, corrupt JPEG data).");
 
   m.def(
       "image_file_format",

@@ -76,8 +76,8 @@ void bind_loader(nb::module_& m) {
               if (status == EpochIterator::Status::kEnd) return nb::none();
               if (PyErr_CheckSignals() != 0) throw nb::python_error();
             }
-            for (const std::string& warning : batch.warnings) {
-              if (PyErr_WarnEx(PyExc_RuntimeWarning, warning.c_str(), 2) != 0) {
+            for (const Warning& warning : batch.warnings) {
+              if (PyErr_WarnEx(warning_category(warning.kind), warning.message.c_str(), 2) != 0) {
                 throw nb::python_error();
               }
             }

@@ -9,6 +9,7 @@
 
 #include "leanloader/core/error.h"
 #include "leanloader/core/tensor.h"
+#include "leanloader/core/warning.h"
 
 namespace leanloader::bindings {
 
@@ -68,5 +69,7 @@ Tensor packed_view_of(const InputArray& bytes, DType dtype, Shape shape, const s
 // Raises the Python exception that corresponds to a leanloader::Error
 // (used by the exception translator and by code that stores errors).
 [[noreturn]] void raise_python_error(const Error& error);
+// The Python warning class for a warning of `kind` (a borrowed reference).
+PyObject* warning_category(WarningKind kind);
 
 }  // namespace leanloader::bindings

@@ -6,7 +6,7 @@ memory-mapped tensor caches shared by every reader, and the memory bill shown.
 
 from __future__ import annotations
 
-from leanloader._core import Error, FormatError
+from leanloader._core import DecompressionBombWarning, Error, FormatError
 from leanloader.audit import audit
 from leanloader.autobatch import AutoBatch
 from leanloader.cache import TensorCache
@@ -34,6 +34,7 @@ __all__ = [
     "AutoBatch",
     "CenterCrop",
     "DataLoader",
+    "DecompressionBombWarning",
     "Error",
     "FileSource",
     "FormatError",

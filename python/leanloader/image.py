@@ -253,8 +253,10 @@ class Images(_ImageSource):
     Bad files raise errors naming the file, the sample and the stage
     (``decode``); ``max_pixels`` (default Pillow's ``MAX_IMAGE_PIXELS``;
     ``None``: no limit) guards against decompression bombs as Pillow does:
-    an image above it is decoded with a ``RuntimeWarning`` naming the file,
-    one above twice it refused from the header;
+    an image above it is decoded with a ``leanloader.DecompressionBombWarning``
+    (a ``RuntimeWarning``; while Pillow is imported, an instance of Pillow's
+    ``Image.DecompressionBombWarning`` too, so Pillow's filters apply) naming
+    the file, one above twice it refused from the header;
     JPEGs with corrupt data that libjpeg works around are decoded, as Pillow
     decodes them, with a ``RuntimeWarning`` naming the file (once per file) and
     counted in ``Loader.stats()["samples_warned"]``;
@@ -352,7 +354,8 @@ def decode_image(
     to an (H, W, C) uint8 NumPy array, as ``Images`` does (a JPEG with
     corrupt data libjpeg works around
     is decoded with a ``RuntimeWarning``, as Pillow decodes it;
-    ``accept_corrupt_jpeg=False`` refuses it)."""
+    ``accept_corrupt_jpeg=False`` refuses it; an image above ``max_pixels``
+    is decoded with a ``DecompressionBombWarning``, as in ``Images``)."""
     path = None
     if not isinstance(data, (bytes, bytearray, memoryview)):
         path = os.fspath(data)
@@ -367,6 +370,6 @@ def decode_image(
         if path is None:
             raise
         raise type(error)(f"'{path}': {error}") from None
-    for warning in messages:
-        warnings.warn(warning, RuntimeWarning, stacklevel=2)
+    for category, message in messages:
+        warnings.warn(message, category, stacklevel=2)
     return pixels

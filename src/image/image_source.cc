@@ -106,7 +106,8 @@ void ImageSource::read_sample(int64_t index, SampleWriter& writer) const {
     throw SampleError(index, describe(), path, "decode", "out of memory", ErrorKind::kOutOfMemory);
   }
   if (info.over_pixel_limit) {
-    writer.warn(pixel_limit_warning(path, info, options_.decode.max_pixels));
+    writer.warn(
+        {pixel_limit_warning(path, info, options_.decode.max_pixels), WarningKind::kPixelLimit});
   }
   if (params.corrupt_data) writer.warn(corrupt_jpeg_warning(path));
   if (!labels_.empty()) {

@@ -62,14 +62,14 @@ class EpochRun::RowWriter final : public SampleWriter {
 
   SampleContext context() const override { return {run_.plan_.options.seed, run_.plan_.epoch}; }
 
-  void warn(std::string message) override {
+  void warn(Warning warning) override {
     LoaderCounters& counters = *run_.plan_.counters;
     {
       std::lock_guard lock(counters.warned_mutex);
       counters.warned_samples.insert(state_.indices[static_cast<size_t>(row_)]);
     }
     std::lock_guard lock(state_.warnings_mutex);
-    state_.warnings.push_back(std::move(message));
+    state_.warnings.push_back(std::move(warning));
   }
 
   bool prefers_streaming_stores() const override {
@@ -471,7 +471,7 @@ void EpochRun::finalize(BatchState& state) {
   }
   {
     std::lock_guard lock(state.warnings_mutex);
-    for (std::string& warning : state.warnings) result.warnings.push_back(std::move(warning));
+    for (Warning& warning : state.warnings) result.warnings.push_back(std::move(warning));
     state.warnings.clear();
   }
   if (auto warning = plan_.window->take_warning()) result.warnings.push_back(*warning);

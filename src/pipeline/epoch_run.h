@@ -93,7 +93,7 @@ class EpochRun final : public Job {
     std::vector<std::vector<Tensor>> row_tensors;  // collate=list: [row][field]
     std::optional<SampleError> error;              // lowest failing row wins
     std::mutex warnings_mutex;                     // rows warn from several threads
-    std::vector<std::string> warnings;
+    std::vector<Warning> warnings;
     int64_t error_row = -1;
     bool slot_ready = false;  // the opener has taken (or failed to take) the slot
     bool ready = false;

@@ -10,6 +10,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import warnings
 import zlib
 
 import numpy as np
@@ -803,6 +804,61 @@ def test_pixel_limit_warns_above_and_refuses_above_twice_as_pillow(tmp_path):
     with pytest.warns(RuntimeWarning, match=str(path)):
         assert len(next(iter(loader))["image"]) == 1
     assert loader.stats()["samples_warned"] == 1
+
+
+def test_the_pixel_limit_warning_is_pillows_class_and_its_filters_apply(tmp_path, monkeypatch):
+    # Users silence Pillow's warning, or make it an error, by its class: a
+    # filter on Pillow's DecompressionBombWarning treats ours as it treats
+    # Pillow's own (ours is an instance of Pillow's class while Pillow is
+    # imported); a corrupt-JPEG warning is not one.
+    path = tmp_path / "big.png"
+    natural_image(100, 100).save(path)  # 10,000 pixels
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 6000)
+    loader = ll.Loader(ll.Images([path], max_pixels=6000), batch_size=1, collate="list")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        with pytest.raises(Image.DecompressionBombWarning, match="could be decompression bomb"):
+            Image.open(path)  # the reference
+        with pytest.raises(Image.DecompressionBombWarning, match="exceed max_pixels"):
+            decode(path, max_pixels=6000)
+        with pytest.raises(Image.DecompressionBombWarning, match=str(path)):
+            next(iter(loader))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        with Image.open(path) as image:
+            expected = np.asarray(image.convert("RGB"))
+        np.testing.assert_array_equal(decode(path, max_pixels=6000), expected)
+        np.testing.assert_array_equal(next(iter(loader))["image"][0], expected.transpose(2, 0, 1))
+    with pytest.warns(ll.DecompressionBombWarning) as warned:
+        decode(path, max_pixels=6000)
+    assert issubclass(warned[0].category, RuntimeWarning)
+    corrupt = tmp_path / "corrupt.jpg"
+    natural_image(40, 40).save(corrupt, quality=90)
+    data = corrupt.read_bytes()
+    end_of_app0 = 4 + int.from_bytes(data[4:6], "big")
+    corrupt.write_bytes(data[:end_of_app0] + b"\x12\x34" + data[end_of_app0:])
+    with pytest.warns(RuntimeWarning, match="corrupt JPEG data") as warned:
+        decode(corrupt)
+    assert not issubclass(warned[0].category, Image.DecompressionBombWarning)
+
+
+def test_the_pixel_limit_warning_does_not_import_pillow(tmp_path):
+    # Without Pillow imported no filter can name its class: ours alone,
+    # and Pillow stays unimported.
+    path = tmp_path / "big.png"
+    natural_image(100, 100).save(path)
+    code = f"""
+import sys, warnings
+import leanloader as ll
+with warnings.catch_warnings(record=True) as warned:
+    warnings.simplefilter("always")
+    ll.decode_image({str(path)!r}, max_pixels=6000)
+assert [w.category for w in warned] == [ll.DecompressionBombWarning], warned
+assert issubclass(ll.DecompressionBombWarning, RuntimeWarning)
+assert "PIL" not in sys.modules, "Pillow imported"
+"""
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
 @pytest.mark.parametrize("mode", ["RGB", "L", "RGBA"])

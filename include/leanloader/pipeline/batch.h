@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "leanloader/core/tensor.h"
+#include "leanloader/core/warning.h"
 
 namespace leanloader {
 
@@ -14,7 +15,7 @@ struct Batch {
   std::vector<int64_t> indices;             // sample indices, skipped ones removed
   std::vector<Tensor> stacked;              // collate=stack: per field
   std::vector<std::vector<Tensor>> listed;  // collate=list: per field, per sample
-  std::vector<std::string> warnings;        // surface once to the user
+  std::vector<Warning> warnings;            // surface once to the user
 };
 
 // A summary of one skipped sample.

@@ -29,6 +29,7 @@
 
 #include "leanloader/core/dtype.h"
 #include "leanloader/core/tensor.h"
+#include "leanloader/core/warning.h"
 
 namespace leanloader {
 
@@ -67,7 +68,7 @@ class SampleWriter {
   // decoded through corrupt data, as Pillow decodes it): the message, which
   // names the file, reaches the user with the sample's batch, and the
   // loader counts the sample once (stats().samples_warned). Default: dropped.
-  virtual void warn(std::string message) { (void)message; }
+  virtual void warn(Warning warning) { (void)warning; }
 };
 
 class Source {

@@ -435,7 +435,7 @@ std::vector<int> run_epoch(Loader& loader, int max_id, std::vector<std::string>*
     const auto* id = reinterpret_cast<const int64_t*>(batch.stacked[1].data());
     for (size_t r = 0; r < batch.indices.size(); ++r) ++seen.at(static_cast<size_t>(id[r]));
     if (warnings != nullptr) {
-      warnings->insert(warnings->end(), batch.warnings.begin(), batch.warnings.end());
+      for (const Warning& warning : batch.warnings) warnings->push_back(warning.message);
     }
   }
   return seen;

@@ -67,6 +67,41 @@ TEST(ImageSourceTest, ReadsTransformedImagesAndLabels) {
   EXPECT_TRUE(differs);
 }
 
+// What the front end needs to pick the warning's class: an image above
+// max_pixels warns as a pixel-limit warning (Python: DecompressionBombWarning).
+TEST(ImageSourceTest, AnImageAboveThePixelLimitWarnsOfThatKind) {
+  TempDir dir;
+  const auto rgb = testing::pattern(80, 60);
+  write_file(dir.file("big.png"),
+             testing::encode_png(rgb.data(), rgb.size(), 80, 60, SPNG_COLOR_TYPE_TRUECOLOR, 8));
+  class WarnedWriter final : public SampleWriter {
+   public:
+    std::span<std::byte> field_buffer(size_t /*field*/, const Shape& shape) override {
+      buffer.resize(shape_numel(shape));  // uint8 pixels
+      return buffer;
+    }
+    void warn(Warning warning) override { warnings.push_back(std::move(warning)); }
+    std::vector<std::byte> buffer;
+    std::vector<Warning> warnings;
+  };
+  for (const uint64_t max_pixels : {uint64_t{4000}, uint64_t{4800}}) {
+    ImageSourceOptions options;
+    options.decode.max_pixels = max_pixels;
+    const ImageSource source({dir.file("big.png")}, {}, options);
+    WarnedWriter writer;
+    source.read_sample(0, writer);
+    if (max_pixels == 4800) {  // 80 x 60 pixels are not above it
+      EXPECT_TRUE(writer.warnings.empty());
+      continue;
+    }
+    ASSERT_EQ(writer.warnings.size(), 1u);
+    EXPECT_EQ(writer.warnings[0].kind, WarningKind::kPixelLimit);
+    EXPECT_NE(writer.warnings[0].message.find("80x60 pixels exceed max_pixels (4000)"),
+              std::string::npos)
+        << writer.warnings[0].message;
+  }
+}
+
 TEST(ImageSourceTest, VariableShapesWithoutAFixedSizeTransform) {
   TempDir dir;
   const auto rgb = testing::pattern(40, 30);

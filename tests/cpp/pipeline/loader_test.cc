@@ -394,7 +394,8 @@ TEST(LoaderTest, BacksOffUnderMemoryPressureAndRecovers) {
   Batch batch;
   ASSERT_EQ(iterator->next(batch, 10s), EpochIterator::Status::kBatch);
   ASSERT_EQ(batch.warnings.size(), 1u);  // said once
-  EXPECT_NE(batch.warnings[0].find("memory pressure"), std::string::npos) << batch.warnings[0];
+  EXPECT_NE(batch.warnings[0].message.find("memory pressure"), std::string::npos)
+      << batch.warnings[0].message;
   LoaderStats stats = loader.stats();
   EXPECT_TRUE(stats.under_pressure);
   EXPECT_EQ(stats.window, 1);
