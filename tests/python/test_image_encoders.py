@@ -184,3 +184,32 @@ def test_dct_scaled_resizes_of_every_chroma_layout_stay_near_pillows(tmp_path, s
                 values.append(_psnr(got, np.asarray(expected)))
         worst[name] = round(min(values), 1)
     assert min(worst.values()) >= 40, worst
+
+
+@pytest.mark.parametrize("progressive", [False, True])
+def test_arithmetic_coded_jpegs_pillow_cannot_feed_decode_as_djpeg_decodes_them(
+    tmp_path, progressive
+):
+    # Pillow feeds libjpeg its file in blocks, and libjpeg's arithmetic
+    # decoder cannot resume mid-scan when a block runs out: Pillow refuses an
+    # arithmetic-coded JPEG larger than a block ("broken data stream"), which
+    # is a valid file. We decode it as libjpeg-turbo's own djpeg does (README).
+    cjpeg, djpeg = _tool("cjpeg"), _tool("djpeg")
+    if cjpeg is None or djpeg is None:
+        pytest.skip("cjpeg/djpeg (libjpeg-turbo-progs) are not installed")
+    rng = np.random.default_rng(13)
+    source = tmp_path / "source.ppm"
+    Image.fromarray(rng.integers(0, 256, (480, 640, 3), dtype=np.uint8)).save(source)
+    path = tmp_path / "arithmetic.jpg"
+    options = ["-arithmetic"] + (["-progressive"] if progressive else [])
+    subprocess.run([cjpeg, "-quality", "90", *options, "-outfile", str(path), str(source)],
+                   check=True, timeout=60)  # fmt: skip
+    assert path.stat().st_size > 65536
+    decoded = tmp_path / "djpeg.ppm"
+    subprocess.run([djpeg, "-ppm", "-outfile", str(decoded), str(path)], check=True, timeout=60)
+    np.testing.assert_array_equal(ll.decode_image(path), np.asarray(Image.open(decoded)))
+    # Pillow's L is its own conversion of RGB (not libjpeg's): compare with it.
+    expected_l = np.asarray(Image.open(decoded).convert("L"))
+    np.testing.assert_array_equal(ll.decode_image(path, mode="L")[..., 0], expected_l)
+    with pytest.raises(OSError, match="broken data stream"):  # Pillow's limit, still there?
+        Image.open(path).load()
