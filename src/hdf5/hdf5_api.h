@@ -113,6 +113,8 @@ struct Hdf5Api {
   hid_t (*t_get_super)(hid_t);
   int (*t_get_nmembers)(hid_t);
   char* (*t_get_member_name)(hid_t, unsigned);
+  hid_t (*t_get_member_type)(hid_t, unsigned);
+  size_t (*t_get_member_offset)(hid_t, unsigned);
   herr_t (*t_set_order)(hid_t, int);
   herr_t (*t_set_precision)(hid_t, size_t);
   herr_t (*t_set_offset)(hid_t, size_t);

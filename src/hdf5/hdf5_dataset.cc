@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <utility>
 
 #include "leanloader/core/checked_size.h"
@@ -90,6 +91,61 @@ TypeInfo integer_type(size_t size, bool is_signed, bool little, bool converted,
   }
 }
 
+TypeInfo classify_type_locked(hid_t type, const std::string& where);
+
+// Complex numbers as h5py reads them: its compound of two IEEE floats of one
+// type and byte order named "r" and "i" (h5py's complex_names; PyTables
+// writes the same) at offsets 0 and the float's size, or HDF5 2.0's complex
+// class. Two 32-bit floats are a complex64; two 64-bit floats (numpy's
+// default complex128) have no tensor type here and are refused naming the fix.
+std::optional<TypeInfo> complex_type_locked(hid_t type, H5TClass type_class,
+                                            const std::string& where) {
+  const Hdf5Api& api = hdf5_api();
+  std::optional<TypeInfo> part;
+  if (type_class == H5TClass::kCompound) {
+    if (api.t_get_nmembers(type) != 2 || member_name_locked(type, 0) != "r" ||
+        member_name_locked(type, 1) != "i") {
+      return std::nullopt;
+    }
+    const Id real(api.t_get_member_type(type, 0), api.t_close);
+    const Id imaginary(api.t_get_member_type(type, 1), api.t_close);
+    if (!real.ok() || !imaginary.ok() ||
+        static_cast<H5TClass>(api.t_get_class(real.get())) != H5TClass::kFloat ||
+        static_cast<H5TClass>(api.t_get_class(imaginary.get())) != H5TClass::kFloat) {
+      api.e_clear2(kH5Default);
+      return std::nullopt;
+    }
+    const TypeInfo r = classify_type_locked(real.get(), where);
+    const TypeInfo i = classify_type_locked(imaginary.get(), where);
+    const size_t part_size = dtype_size(r.dtype);
+    if (r.dtype != i.dtype || r.little_endian != i.little_endian ||
+        api.t_get_member_offset(type, 0) != 0 || api.t_get_member_offset(type, 1) != part_size ||
+        api.t_get_size(type) != 2 * part_size) {
+      return std::nullopt;
+    }
+    part = r;
+  } else if (type_class == H5TClass::kComplex) {
+    const Id base(api.t_get_super(type), api.t_close);
+    if (!base.ok()) {
+      api.e_clear2(kH5Default);
+      return std::nullopt;
+    }
+    part = classify_type_locked(base.get(), where);
+  } else {
+    return std::nullopt;
+  }
+  if (part->dtype == DType::kF32) return TypeInfo{DType::kC64, part->little_endian, false};
+  if (part->dtype == DType::kF64) {
+    throw InvalidArgument(where +
+                          " has complex128 elements (two 64-bit floats), which leanloader's "
+                          "tensors do not hold (complex64 only): store the dataset as complex64 "
+                          "(h5py: data.astype(numpy.complex64)) or read it with h5py");
+  }
+  throw InvalidArgument(where + " has complex elements of two " +
+                        std::string(dtype_name(part->dtype)) +
+                        " parts, which cannot become a tensor (complex64 only)");
+}
+
 TypeInfo classify_type_locked(hid_t type, const std::string& where) {
   const Hdf5Api& api = hdf5_api();
   const auto type_class = static_cast<H5TClass>(api.t_get_class(type));
@@ -98,7 +154,7 @@ TypeInfo classify_type_locked(hid_t type, const std::string& where) {
   auto cannot = [&](const std::string& what) -> TypeInfo {
     throw InvalidArgument(where + " has " + what +
                           " elements, which cannot become a tensor (HDF5Source reads integer, "
-                          "bitfield, float and bool datasets)");
+                          "bitfield, float, complex64 and bool datasets)");
   };
   if (type_class == H5TClass::kInteger || type_class == H5TClass::kBitfield) {
     // Bitfields (PyTables' BoolAtom is an 8-bit one) are unsigned integers
@@ -130,6 +186,9 @@ TypeInfo classify_type_locked(hid_t type, const std::string& where) {
       return {DType::kBool, true, false};
     }
     return classify_type_locked(base.get(), where);
+  }
+  if (const std::optional<TypeInfo> complex = complex_type_locked(type, type_class, where)) {
+    return *complex;
   }
   return cannot(class_name(type_class));
 }

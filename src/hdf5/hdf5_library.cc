@@ -116,6 +116,8 @@ std::string fill_table(void* handle, Hdf5Api& api) {
   resolve(handle, "H5Tget_super", api.t_get_super, missing);
   resolve(handle, "H5Tget_nmembers", api.t_get_nmembers, missing);
   resolve(handle, "H5Tget_member_name", api.t_get_member_name, missing);
+  resolve(handle, "H5Tget_member_type", api.t_get_member_type, missing);
+  resolve(handle, "H5Tget_member_offset", api.t_get_member_offset, missing);
   resolve(handle, "H5Tset_order", api.t_set_order, missing);
   resolve(handle, "H5Tset_precision", api.t_set_precision, missing);
   resolve(handle, "H5Tset_offset", api.t_set_offset, missing);

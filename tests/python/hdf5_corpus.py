@@ -115,11 +115,20 @@ def write_h5py(d):
                 **options,
             )
         f.create_group("group").create_dataset("inside", data=_values("i2", (ROWS, 3)))
+        # Complex numbers: h5py's compound {r, i} of two floats.
+        c64 = (_values("f4", (ROWS, 3, 4)) + 1j * _values("f4", (ROWS, 3, 4), seed=1)).astype("c8")
+        f.create_dataset("complex64", data=c64)
+        f.create_dataset(
+            "complex64_gzip_shuffle", data=c64, chunks=(4, 3, 2), compression="gzip", shuffle=True
+        )
+        f.create_dataset("complex64_big_endian", data=c64.astype(">c8"), chunks=(5, 3, 4))
+        f.create_dataset("complex128", data=c64.astype("c16"))
     for name in ("contiguous", "chunked", "gzip_shuffle", "gzip_edges", "lzf", "lzf_shuffle",
                  "fletcher32", "scaleoffset_int", "scaleoffset_float", "big_endian",
                  "big_endian_chunked", "resizable", "fill_never_written", "compact", "one_dim",
                  "soft", "strings", "compound", "enum_i4_big_endian", "enum_i2_big_endian",
-                 "group/./inside"):  # fmt: skip
+                 "group/./inside", "complex64", "complex64_gzip_shuffle", "complex64_big_endian",
+                 "complex128"):  # fmt: skip
         add(path, name, f"h5py {name}")
     for dtype in ("i1", "u1", "i2", "u2", "i4", "u4", "i8", "u8", "f2", "f8", "?"):
         add(path, f"dtype_{dtype}", f"h5py dtype {dtype}")
@@ -319,10 +328,15 @@ def write_pytables(d):
             earray.append(_values("i4", (6, 7), seed=step))
         f.create_carray("/", "bool_atom", obj=_values("?", (ROWS, 9)), chunkshape=(4, 9))
         f.create_array("/", "bool_array", _values("?", (ROWS, 9)))
+        c64 = (data + 1j * data[::-1]).astype("c8")
+        f.create_carray("/", "complex64", obj=c64, chunkshape=(4, 8, 5),
+                        filters=tables.Filters(5, "zlib", shuffle=True))  # fmt: skip
+        f.create_array("/", "complex128_array", c64.astype("c16"))
         table = f.create_table("/", "table", {"a": tables.Int32Col(), "b": tables.Float32Col()})
         table.append([(1, 2.0), (3, 4.0)])
     for name in ("array", "carray_zlib", "carray_blosc", "carray_blosc_lz4", "carray_blosc2",
-                 "carray_lzo_or_bzip2", "earray", "bool_atom", "bool_array", "table"):  # fmt: skip
+                 "carray_lzo_or_bzip2", "earray", "bool_atom", "bool_array", "table",
+                 "complex64", "complex128_array"):  # fmt: skip
         out.append({"file": path, "dataset": name, "what": f"PyTables {name}"})
     return out
 
