@@ -277,10 +277,13 @@ void bind_tensor(nb::module_& m) {
       "dtype_names",
       [] {
         std::vector<std::string> names;
-        for (const DType dtype : kAllDTypes) names.emplace_back(dtype_name(dtype));
+        for (const DType dtype : kAllDTypes) {
+          if (dtype_in_safetensors(dtype)) names.emplace_back(dtype_name(dtype));
+        }
         return names;
       },
-      "The safetensors spellings of every dtype leanloader handles.");
+      "The safetensors spellings of every dtype leanloader reads and writes in safetensors "
+      "files (all it handles but complex128, which safetensors lacks).");
 }
 
 }  // namespace leanloader::bindings

@@ -34,6 +34,17 @@ def ArraySource(arrays: Mapping[str, Any]) -> _core.ArraySource:
                 "machine's and is viewed, never converted; pass "
                 f"array.astype(array.dtype.newbyteorder('='))"
             )
+        kind, size = getattr(dtype, "kind", None), getattr(dtype, "itemsize", 0)
+        if kind is not None and not (
+            (kind in "biu" and size <= 8)
+            or (kind == "f" and size <= 8)
+            or (kind == "c" and size <= 16)
+        ):  # a NumPy dtype no tensor has (torch dtypes have no kind)
+            raise ValueError(
+                f"ArraySource field {name!r}: dtype {dtype} cannot become a tensor (bool, "
+                "integers, float16/32/64 and complex64/128 can; bfloat16 and float8 as torch "
+                "tensors)"
+            )
     return _core.ArraySource(list(arrays.items()))
 
 

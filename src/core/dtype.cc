@@ -54,6 +54,7 @@ constexpr DTypeInfo kInfo[] = {
     {DType::kF6E2M3, "F6_E2M3", 6, {kDLFloat6E2M3Fn, 6}},
     {DType::kF6E3M2, "F6_E3M2", 6, {kDLFloat6E3M2Fn, 6}},
     {DType::kF4, "F4", 4, {kDLFloat4E2M1Fn, 4}},
+    {DType::kC128, "C128", 128, {kDLComplex, 128}},
 };
 
 static_assert(std::size(kInfo) == std::size(kAllDTypes));

@@ -96,8 +96,7 @@ TypeInfo classify_type_locked(hid_t type, const std::string& where);
 // Complex numbers as h5py reads them: its compound of two IEEE floats of one
 // type and byte order named "r" and "i" (h5py's complex_names; PyTables
 // writes the same) at offsets 0 and the float's size, or HDF5 2.0's complex
-// class. Two 32-bit floats are a complex64; two 64-bit floats (numpy's
-// default complex128) have no tensor type here and are refused naming the fix.
+// class: two 32-bit floats are a complex64, two 64-bit floats a complex128.
 std::optional<TypeInfo> complex_type_locked(hid_t type, H5TClass type_class,
                                             const std::string& where) {
   const Hdf5Api& api = hdf5_api();
@@ -135,15 +134,10 @@ std::optional<TypeInfo> complex_type_locked(hid_t type, H5TClass type_class,
     return std::nullopt;
   }
   if (part->dtype == DType::kF32) return TypeInfo{DType::kC64, part->little_endian, false};
-  if (part->dtype == DType::kF64) {
-    throw InvalidArgument(where +
-                          " has complex128 elements (two 64-bit floats), which leanloader's "
-                          "tensors do not hold (complex64 only): store the dataset as complex64 "
-                          "(h5py: data.astype(numpy.complex64)) or read it with h5py");
-  }
+  if (part->dtype == DType::kF64) return TypeInfo{DType::kC128, part->little_endian, false};
   throw InvalidArgument(where + " has complex elements of two " +
                         std::string(dtype_name(part->dtype)) +
-                        " parts, which cannot become a tensor (complex64 only)");
+                        " parts, which cannot become a tensor (complex64 and complex128 only)");
 }
 
 TypeInfo classify_type_locked(hid_t type, const std::string& where) {
@@ -154,7 +148,7 @@ TypeInfo classify_type_locked(hid_t type, const std::string& where) {
   auto cannot = [&](const std::string& what) -> TypeInfo {
     throw InvalidArgument(where + " has " + what +
                           " elements, which cannot become a tensor (HDF5Source reads integer, "
-                          "bitfield, float, complex64 and bool datasets)");
+                          "bitfield, float, complex and bool datasets)");
   };
   if (type_class == H5TClass::kInteger || type_class == H5TClass::kBitfield) {
     // Bitfields (PyTables' BoolAtom is an 8-bit one) are unsigned integers

@@ -166,10 +166,10 @@ class HeaderDictParser {
       DType dtype;
     };
     static constexpr Entry kCodes[] = {
-        {"b1", DType::kBool}, {"u1", DType::kU8},  {"i1", DType::kI8},  {"u2", DType::kU16},
-        {"i2", DType::kI16},  {"u4", DType::kU32}, {"i4", DType::kI32}, {"u8", DType::kU64},
-        {"i8", DType::kI64},  {"f2", DType::kF16}, {"f4", DType::kF32}, {"f8", DType::kF64},
-        {"c8", DType::kC64},
+        {"b1", DType::kBool}, {"u1", DType::kU8},    {"i1", DType::kI8},  {"u2", DType::kU16},
+        {"i2", DType::kI16},  {"u4", DType::kU32},   {"i4", DType::kI32}, {"u8", DType::kU64},
+        {"i8", DType::kI64},  {"f2", DType::kF16},   {"f4", DType::kF32}, {"f8", DType::kF64},
+        {"c8", DType::kC64},  {"c16", DType::kC128},
     };
     for (const auto& entry : kCodes) {
       if (entry.code == code) return entry.dtype;

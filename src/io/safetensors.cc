@@ -103,6 +103,8 @@ int reference_dtype_rank(DType dtype) noexcept {
       return 20;
     case DType::kU64:
       return 21;
+    case DType::kC128:
+      break;  // never written: format_safetensors_header refuses it
   }
   return 0;
 }
@@ -196,7 +198,7 @@ class HeaderParser {
         const size_t at = reader_.offset();
         const std::string spelling = reader_.read_string();
         const std::optional<DType> dtype = dtype_from_name(spelling);
-        if (!dtype) {
+        if (!dtype || !dtype_in_safetensors(*dtype)) {
           reader_.fail_at("unknown dtype " + display_name(spelling) + " of tensor " + shown, at);
         }
         entry.dtype = *dtype;
@@ -488,6 +490,11 @@ std::string format_safetensors_header(
     }
     if (tensor.storage() == nullptr) {
       throw InvalidArgument("tensor " + display_name(name) + " has no storage");
+    }
+    if (!dtype_in_safetensors(tensor.dtype())) {
+      throw InvalidArgument("tensor " + display_name(name) + " is " +
+                            std::string(dtype_name(tensor.dtype())) +
+                            ", which safetensors has no dtype for (complex64 is C64)");
     }
     if (detail::find_invalid_utf8(name)) {
       throw InvalidArgument("tensor name " + display_name(name) + " is not valid UTF-8");

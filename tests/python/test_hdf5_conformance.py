@@ -31,8 +31,6 @@ REFUSED = {
     "strings": "string elements",
     "compound": "compound elements",
     "table": "compound elements",
-    "complex128": "complex128 elements.*complex64 only",
-    "complex128_array": "complex128 elements.*complex64 only",
 }
 
 # The fast path each of these must take (not fall back to the library).
@@ -56,6 +54,7 @@ FAST = {
     "PyTables complex64": "chunks",
     "h5py complex64": "pread",
     "h5py complex64_gzip_shuffle": "chunks",
+    "h5py complex128": "pread",
 }
 
 

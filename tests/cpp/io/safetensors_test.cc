@@ -84,6 +84,9 @@ std::vector<MalformedCase> malformed_cases() {
       {"tensor not an object", make_file("{\"x\":1}"), "InvalidHeaderDeserialization"},
       {"unknown dtype", make_file("{" + tensor_json("x", "U9", "[2]", 0, 2) + "}", "ab"),
        "InvalidHeaderDeserialization"},
+      {"complex128, which safetensors lacks",
+       make_file("{" + tensor_json("x", "C128", "[1]", 0, 16) + "}", std::string(16, '\0')),
+       "InvalidHeaderDeserialization"},
       {"lowercase dtype", make_file("{" + tensor_json("x", "u8", "[2]", 0, 2) + "}", "ab"),
        "InvalidHeaderDeserialization"},
       {"negative dim", make_file("{" + tensor_json("x", "U8", "[-2]", 0, 2) + "}", "ab"),
@@ -273,6 +276,7 @@ TEST(SafetensorsTest, AcceptsWellFormedVariants) {
   EXPECT_FALSE(parse(make_file("{\"__metadata__\":null}")).has_metadata);
   // Every dtype name of the DType set.
   for (const DType dtype : kAllDTypes) {
+    if (!dtype_in_safetensors(dtype)) continue;
     const size_t size = *checked_nbytes(Shape{4}, dtype);  // 4 x 4 and 4 x 6 bits pack
     const SafetensorsHeader h = parse(
         make_file("{" + tensor_json("t", std::string(dtype_name(dtype)), "[4]", 0, size) + "}",
@@ -394,6 +398,7 @@ TEST(SafetensorsTest, RoundTripsEveryDTypeInReferenceOrder) {
   std::vector<std::pair<std::string, Tensor>> tensors;
   uint8_t seed = 1;
   for (const DType dtype : kAllDTypes) {
+    if (!dtype_in_safetensors(dtype)) continue;
     tensors.emplace_back("t_" + std::string(dtype_name(dtype)), heap_tensor(dtype, {2, 4}, seed++));
   }
   tensors.emplace_back("scalar", heap_tensor(DType::kF64, {}, 9));
@@ -461,6 +466,7 @@ TEST(SafetensorsTest, RejectsBadArgumentsBeforeWriting) {
   EXPECT_THROW(save_safetensors(path, {{"a", t}, {"a", t}}), InvalidArgument);
   EXPECT_THROW(save_safetensors(path, {{"a", Tensor()}}), InvalidArgument);
   EXPECT_THROW(save_safetensors(path, {{"\xff", t}}), InvalidArgument);
+  EXPECT_THROW(save_safetensors(path, {{"c", heap_tensor(DType::kC128, {2}, 0)}}), InvalidArgument);
   EXPECT_FALSE(fs::exists(path));
   EXPECT_EQ(count_temporary_files(dir.path()), 0u);
 }
