@@ -25,13 +25,25 @@ PyObject* g_decompression_bomb_warning = nullptr;
 // leanloader's DecompressionBombWarning deriving from Pillow's too, made
 // the first time one is raised while PIL.Image is imported: a filter on
 // Pillow's class then treats ours alike (a user who never imported Pillow
-// cannot have such a filter, so Pillow is never imported here).
+// cannot have such a filter, so Pillow is not imported for a warning). It
+// is named leanloader.image._DecompressionBombWarningWithPillows, which that
+// module's __getattr__ resolves, so that pickle (a warning turned error in a
+// worker process) finds it in any process.
 PyObject* g_decompression_bomb_warning_and_pillows = nullptr;
 
-PyObject* with_pillows_warning() {
-  PyObject* image = PyDict_GetItemString(PyImport_GetModuleDict(), "PIL.Image");  // borrowed
-  if (image == nullptr) return nullptr;
-  const nb::object pillows = nb::steal(PyObject_GetAttrString(image, "DecompressionBombWarning"));
+PyObject* with_pillows_warning(bool import_pillow) {
+  if (g_decompression_bomb_warning_and_pillows != nullptr) {
+    return g_decompression_bomb_warning_and_pillows;
+  }
+  const nb::object image =
+      nb::steal(import_pillow ? PyImport_ImportModule("PIL.Image")
+                              : PyImport_GetModule(nb::str("PIL.Image").ptr()));
+  if (!image.is_valid()) {
+    PyErr_Clear();  // not imported (or no Pillow): ours alone
+    return nullptr;
+  }
+  const nb::object pillows =
+      nb::steal(PyObject_GetAttrString(image.ptr(), "DecompressionBombWarning"));
   if (!pillows.is_valid() || !PyType_Check(pillows.ptr()) ||
       !PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(pillows.ptr()),
                         reinterpret_cast<PyTypeObject*>(PyExc_RuntimeWarning))) {
@@ -39,12 +51,16 @@ PyObject* with_pillows_warning() {
     return nullptr;
   }
   const nb::object bases = nb::steal(PyTuple_Pack(2, g_decompression_bomb_warning, pillows.ptr()));
-  PyObject* type = PyErr_NewExceptionWithDoc(
-      "leanloader.DecompressionBombWarning",
+  if (!bases.is_valid()) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  g_decompression_bomb_warning_and_pillows = PyErr_NewExceptionWithDoc(
+      "leanloader.image._DecompressionBombWarningWithPillows",
       "leanloader.DecompressionBombWarning that is Pillow's DecompressionBombWarning as well.",
       bases.ptr(), nullptr);
-  if (type == nullptr) PyErr_Clear();
-  return type;
+  if (g_decompression_bomb_warning_and_pillows == nullptr) PyErr_Clear();
+  return g_decompression_bomb_warning_and_pillows;
 }
 
 PyObject* python_type_for(ErrorKind kind) {
@@ -95,12 +111,8 @@ void raise_python_error(const Error& error) {
 
 PyObject* warning_category(WarningKind kind) {
   if (kind != WarningKind::kPixelLimit) return PyExc_RuntimeWarning;
-  if (g_decompression_bomb_warning_and_pillows == nullptr) {
-    g_decompression_bomb_warning_and_pillows = with_pillows_warning();
-  }
-  return g_decompression_bomb_warning_and_pillows != nullptr
-             ? g_decompression_bomb_warning_and_pillows
-             : g_decompression_bomb_warning;
+  PyObject* with_pillows = with_pillows_warning(/*import_pillow=*/false);
+  return with_pillows != nullptr ? with_pillows : g_decompression_bomb_warning;
 }
 
 void bind_errors(nb::module_& m) {
@@ -118,6 +130,14 @@ void bind_errors(nb::module_& m) {
       "is imported the warning is an instance of Pillow's class too).",
       PyExc_RuntimeWarning, nullptr);
   m.attr("DecompressionBombWarning") = nb::handle(g_decompression_bomb_warning);
+  m.def(
+      "decompression_bomb_warning_with_pillows",
+      [] {
+        PyObject* type = with_pillows_warning(/*import_pillow=*/true);
+        if (type == nullptr) throw nb::import_error("Pillow (PIL.Image) cannot be imported");
+        return nb::borrow(type);
+      },
+      "leanloader.DecompressionBombWarning deriving from Pillow's class too (imports Pillow).");
 
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {

@@ -343,6 +343,14 @@ class ImageFolder(_ImageSource):
         super().__init__([p for p, _ in samples], self.targets, transform, **options)
 
 
+def __getattr__(name: str):
+    # How pickle finds the pixel-limit warning's class that derives from
+    # Pillow's too (made in the extension module; it imports Pillow).
+    if name == "_DecompressionBombWarningWithPillows":
+        return _core.decompression_bomb_warning_with_pillows()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def decode_image(
     data: bytes | str | os.PathLike,
     mode: str = "RGB",

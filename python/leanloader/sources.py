@@ -35,15 +35,16 @@ def ArraySource(arrays: Mapping[str, Any]) -> _core.ArraySource:
                 f"array.astype(array.dtype.newbyteorder('='))"
             )
         kind, size = getattr(dtype, "kind", None), getattr(dtype, "itemsize", 0)
-        if kind is not None and not (
-            (kind in "biu" and size <= 8)
-            or (kind == "f" and size <= 8)
-            or (kind == "c" and size <= 16)
-        ):  # a NumPy dtype no tensor has (torch dtypes have no kind)
+        if (
+            kind in ("m", "M", "O", "S", "U")
+            or (kind == "V" and getattr(dtype, "names", None) is not None)  # records
+            or (kind == "f" and size > 8)  # long double
+            or (kind == "c" and size > 16)
+        ):  # a NumPy dtype no tensor has (torch dtypes have no kind; ml_dtypes' bfloat16
+            # and float8 are kind "V" without fields, for DLPack to tell)
             raise ValueError(
                 f"ArraySource field {name!r}: dtype {dtype} cannot become a tensor (bool, "
-                "integers, float16/32/64 and complex64/128 can; bfloat16 and float8 as torch "
-                "tensors)"
+                "integers, floats and complex64/128 can)"
             )
     return _core.ArraySource(list(arrays.items()))
 

@@ -214,7 +214,7 @@ class ManifestParser {
         once(seen[1], key, where);
         const std::string name = read_string(where, key);
         const auto dtype = dtype_from_name(name);
-        if (!dtype) fail(where, "unknown dtype '" + name + "'");
+        if (!dtype || !dtype_in_safetensors(*dtype)) fail(where, "unknown dtype '" + name + "'");
         tensor.dtype = *dtype;
       } else if (key == "shape") {
         once(seen[2], key, where);

@@ -148,6 +148,11 @@ void CacheWriter::check_schema(const std::string& key,
     if (tensor.storage() == nullptr) {
       throw InvalidArgument("cache entry '" + key + "': tensor '" + name + "' has no storage");
     }
+    if (!dtype_in_safetensors(tensor.dtype())) {  // shards are safetensors files
+      throw InvalidArgument("cache entry '" + key + "': tensor '" + name + "' is " +
+                            std::string(dtype_name(tensor.dtype())) +
+                            ", which the cache's safetensors shards cannot hold (complex64 can)");
+    }
   }
   if (schema_.empty()) {
     for (const auto& [name, tensor] : tensors) schema_.emplace_back(name, tensor.dtype());

@@ -97,6 +97,15 @@ TypeInfo classify_type_locked(hid_t type, const std::string& where);
 // type and byte order named "r" and "i" (h5py's complex_names; PyTables
 // writes the same) at offsets 0 and the float's size, or HDF5 2.0's complex
 // class: two 32-bit floats are a complex64, two 64-bit floats a complex128.
+// h5py's complex256 (two 80-bit long doubles) is named as complex, not as
+// the non-IEEE float classify_type_locked would call its parts.
+void throw_unless_complex_parts(size_t part_bytes, const std::string& where) {
+  if (part_bytes == 4 || part_bytes == 8) return;
+  throw InvalidArgument(where + " has complex elements of two " + std::to_string(part_bytes * 8) +
+                        "-bit floats, which cannot become a tensor (complex64 and complex128 "
+                        "can)");
+}
+
 std::optional<TypeInfo> complex_type_locked(hid_t type, H5TClass type_class,
                                             const std::string& where) {
   const Hdf5Api& api = hdf5_api();
@@ -114,6 +123,11 @@ std::optional<TypeInfo> complex_type_locked(hid_t type, H5TClass type_class,
       api.e_clear2(kH5Default);
       return std::nullopt;
     }
+    if (api.t_get_offset(real.get()) != 0 || api.t_get_member_offset(type, 0) != 0 ||
+        api.t_get_member_offset(type, 1) != api.t_get_size(real.get())) {
+      return std::nullopt;
+    }
+    throw_unless_complex_parts(api.t_get_size(real.get()), where);
     const TypeInfo r = classify_type_locked(real.get(), where);
     const TypeInfo i = classify_type_locked(imaginary.get(), where);
     const size_t part_size = dtype_size(r.dtype);
@@ -129,6 +143,7 @@ std::optional<TypeInfo> complex_type_locked(hid_t type, H5TClass type_class,
       api.e_clear2(kH5Default);
       return std::nullopt;
     }
+    throw_unless_complex_parts(api.t_get_size(base.get()), where);
     part = classify_type_locked(base.get(), where);
   } else {
     return std::nullopt;

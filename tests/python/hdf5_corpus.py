@@ -123,6 +123,7 @@ def write_h5py(d):
         )
         f.create_dataset("complex64_big_endian", data=c64.astype(">c8"), chunks=(5, 3, 4))
         f.create_dataset("complex128", data=c64.astype("c16"))
+        f.create_dataset("complex256", data=c64.astype(np.clongdouble))
         f.create_dataset("complex128_big_endian", data=c64.astype(">c16"), chunks=(4, 3, 4),
                          compression="gzip")  # fmt: skip
     for name in ("contiguous", "chunked", "gzip_shuffle", "gzip_edges", "lzf", "lzf_shuffle",
@@ -130,7 +131,7 @@ def write_h5py(d):
                  "big_endian_chunked", "resizable", "fill_never_written", "compact", "one_dim",
                  "soft", "strings", "compound", "enum_i4_big_endian", "enum_i2_big_endian",
                  "group/./inside", "complex64", "complex64_gzip_shuffle", "complex64_big_endian",
-                 "complex128", "complex128_big_endian"):  # fmt: skip
+                 "complex128", "complex128_big_endian", "complex256"):  # fmt: skip
         add(path, name, f"h5py {name}")
     for dtype in ("i1", "u1", "i2", "u2", "i4", "u4", "i8", "u8", "f2", "f8", "?"):
         add(path, f"dtype_{dtype}", f"h5py dtype {dtype}")

@@ -1219,6 +1219,32 @@ def test_zero_dim_arrays_keep_their_shape_as_torch(mode):
         assert ours == shapes(_torch(ZeroDimArrays(), num_workers=1, **kwargs)), kwargs
 
 
+class ComplexSamples(Dataset):
+    def __init__(self) -> None:
+        self.values = np.arange(64).reshape(16, 4) + 1j * np.arange(64)[::-1].reshape(16, 4)
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int):
+        row = self.values[i]
+        return row, row.astype(np.complex64), torch.from_numpy(row)
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_complex_samples_batch_as_torchs(mode):
+    """complex64 and complex128 rows (NumPy and tensors) stack into the
+    batch slots: the same values and dtypes as torch's batches."""
+    for workers in (0, 2):
+        ours = list(ll.DataLoader(ComplexSamples(), batch_size=4, num_workers=workers,
+                                  worker_mode=mode))  # fmt: skip
+        theirs = list(_torch(ComplexSamples(), batch_size=4, num_workers=workers))
+        assert len(ours) == len(theirs) == 4
+        for mine, reference in zip(ours, theirs):
+            for got, expected in zip(mine, reference):
+                assert got.dtype == expected.dtype and torch.equal(got, expected), workers
+
+
 _LEFT_UNFINISHED = """
 import torch, leanloader as ll
 class Numbers(torch.utils.data.Dataset):

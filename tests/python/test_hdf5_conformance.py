@@ -31,6 +31,7 @@ REFUSED = {
     "strings": "string elements",
     "compound": "compound elements",
     "table": "compound elements",
+    "complex256": "complex elements of two 128-bit floats",
 }
 
 # The fast path each of these must take (not fall back to the library).

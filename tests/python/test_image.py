@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import math
+import pickle
 import struct
 import subprocess
 import sys
@@ -833,6 +834,18 @@ def test_the_pixel_limit_warning_is_pillows_class_and_its_filters_apply(tmp_path
     with pytest.warns(ll.DecompressionBombWarning) as warned:
         decode(path, max_pixels=6000)
     assert issubclass(warned[0].category, RuntimeWarning)
+    # Pickled (a warning turned error in a worker process travels so), in
+    # this process and in a fresh one that has not made the class yet.
+    data = pickle.dumps(warned[0].message)
+    assert isinstance(pickle.loads(data), Image.DecompressionBombWarning)
+    code = (
+        "import pickle, leanloader\n"
+        "from PIL import Image\n"
+        f"message = pickle.loads({data!r})\n"
+        "assert isinstance(message, Image.DecompressionBombWarning)\n"
+        "assert isinstance(message, leanloader.DecompressionBombWarning)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
     corrupt = tmp_path / "corrupt.jpg"
     natural_image(40, 40).save(corrupt, quality=90)
     data = corrupt.read_bytes()

@@ -17,7 +17,7 @@ from leanloader import _core
 NUMPY_TO_NAME = {
     "|b1": "BOOL", "|u1": "U8", "|i1": "I8", "<u2": "U16", "<i2": "I16", "<u4": "U32",
     "<i4": "I32", "<u8": "U64", "<i8": "I64", "<f2": "F16", "<f4": "F32", "<f8": "F64",
-    "<c8": "C64",
+    "<c8": "C64", "<c16": "C128",
 }  # fmt: skip
 
 
@@ -29,6 +29,7 @@ def torch_dtype_names() -> dict[Any, str]:
         torch.int16: "I16", torch.uint32: "U32", torch.int32: "I32", torch.uint64: "U64",
         torch.int64: "I64", torch.float16: "F16", torch.bfloat16: "BF16",
         torch.float32: "F32", torch.float64: "F64", torch.complex64: "C64",
+        torch.complex128: "C128",
     }  # fmt: skip
 
 

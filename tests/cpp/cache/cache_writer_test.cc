@@ -107,6 +107,11 @@ TEST(CacheManifestTest, RejectsWhatReadersCannotTrust) {
   // The good one parses.
   EXPECT_NO_THROW(parse_cache_manifest(
       head + shard + R"(],"entries":[)" + entry("a", "0", good_tensor) + "]}", "m"));
+  expect_rejected(
+      head + shard + R"(],"entries":[)" +
+          entry("a", "0", R"({"name":"x","dtype":"C128","shape":[2],"offset":8,"nbytes":32})") +
+          "]}",
+      "unknown dtype 'C128'");
   expect_rejected("{", "not valid JSON");
   expect_rejected(R"({"format":"other","version":1,"shards":[],"entries":[]})", "format");
   expect_rejected(R"({"format":"leanloader-tensor-cache","version":9,"shards":[],"entries":[]})",
@@ -170,6 +175,16 @@ TEST(CacheWriterTest, RejectsEntriesWithOtherNamesOrDtypes) {
   auto storage = HeapStorage::allocate(8);
   EXPECT_THROW(writer.add("b", {}, {{"x", Tensor(storage, 0, DType::kI64, {1})}}), InvalidArgument);
   EXPECT_THROW(writer.add("b", {}, {}), InvalidArgument);
+  // complex128 has no safetensors dtype: refused at add(), naming the entry
+  // (it had failed at the shard's write, naming the shard's tensor).
+  CacheWriter wide_writer(dir.file("wide"));
+  try {
+    wide_writer.add("k0", {}, {{"z", Tensor(HeapStorage::allocate(32), 0, DType::kC128, {2})}});
+    ADD_FAILURE() << "complex128 accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("cache entry 'k0': tensor 'z' is C128"), std::string::npos)
+        << e.what();
+  }
   // Another shape is fine.
   EXPECT_NO_THROW(writer.add("b", {}, {{"x", filled(1, 9)}}));
 }
