@@ -31,12 +31,15 @@ constexpr PhiloxCounter philox4x32_10(PhiloxCounter counter, PhiloxKey key) noex
 
 // The draws of one sample: key = seed, counter = (block, epoch, index). Each
 // block gives four 32-bit words; blocks follow one another, so a sample can
-// draw as much as it needs. Epochs beyond 2^32 wrap. Not thread-safe (one
-// stream per sample read).
+// draw as much as it needs. The counter holds the epoch's low 32 bits; its
+// high ones are folded into the key (XOR: zero for epochs below 2^32, whose
+// streams stay as they were), so that epoch e and e + 2^32 of one seed draw
+// differently. Not thread-safe (one stream per sample read).
 class SampleRandom {
  public:
   SampleRandom(uint64_t seed, uint64_t epoch, uint64_t index) noexcept
-      : key_{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)},
+      : key_{static_cast<uint32_t>(seed) ^ static_cast<uint32_t>(epoch >> 32),
+             static_cast<uint32_t>(seed >> 32)},
         epoch_(static_cast<uint32_t>(epoch)),
         index_(index) {}
 

@@ -31,6 +31,14 @@ TEST(ImagePhiloxTest, SampleStreamsDependOnlyOnSeedEpochAndIndex) {
     }
   }
   EXPECT_EQ(firsts.size(), 12u);
+  // Epochs 2^32 apart (an epoch set from a step count or a clock) draw
+  // differently; they had wrapped to the same stream. Below 2^32 the
+  // streams are as before: the reference value of (7, 3, 11).
+  EXPECT_NE(SampleRandom(7, 3, 11).next_u32(),
+            SampleRandom(7, 3 + (uint64_t{1} << 32), 11).next_u32());
+  EXPECT_NE(SampleRandom(7, uint64_t{1} << 32, 11).next_u32(),
+            SampleRandom(7, uint64_t{2} << 32, 11).next_u32());
+  EXPECT_EQ(SampleRandom(7, 3, 11).next_u32(), philox4x32_10({0, 3, 11, 0}, {7, 0})[0]);
 }
 
 TEST(ImagePhiloxTest, UniformsStayInRange) {
