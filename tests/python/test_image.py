@@ -729,14 +729,20 @@ def test_skip_mode_counts_bad_files_and_lenient_jpeg(tmp_path):
         decode(paths[4], max_pixels=1000)
 
 
-def test_corrupt_jpeg_data_is_decoded_as_pillow_does_with_a_warning_or_refused_on_request(
-    tmp_path,
-):
-    path = tmp_path / "x.jpg"
+def write_corrupt_jpeg(path) -> None:
+    """A JPEG with two stray bytes after APP0: libjpeg warns "Corrupt JPEG
+    data" and decodes on, as Pillow does."""
     natural_image(40, 40).save(path, quality=90)
     data = path.read_bytes()
     end_of_app0 = 4 + int.from_bytes(data[4:6], "big")
     path.write_bytes(data[:end_of_app0] + b"\x12\x34" + data[end_of_app0:])
+
+
+def test_corrupt_jpeg_data_is_decoded_as_pillow_does_with_a_warning_or_refused_on_request(
+    tmp_path,
+):
+    path = tmp_path / "x.jpg"
+    write_corrupt_jpeg(path)
     with pytest.warns(RuntimeWarning, match="corrupt JPEG data, decoded as Pillow") as warned:
         np.testing.assert_array_equal(decode(path), pillow_rgb(path))
     assert str(path) in str(warned[0].message)
@@ -847,10 +853,7 @@ def test_the_pixel_limit_warning_is_pillows_class_and_its_filters_apply(tmp_path
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
     corrupt = tmp_path / "corrupt.jpg"
-    natural_image(40, 40).save(corrupt, quality=90)
-    data = corrupt.read_bytes()
-    end_of_app0 = 4 + int.from_bytes(data[4:6], "big")
-    corrupt.write_bytes(data[:end_of_app0] + b"\x12\x34" + data[end_of_app0:])
+    write_corrupt_jpeg(corrupt)
     with pytest.warns(RuntimeWarning, match="corrupt JPEG data") as warned:
         decode(corrupt)
     assert not issubclass(warned[0].category, Image.DecompressionBombWarning)
