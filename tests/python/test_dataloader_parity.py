@@ -1240,8 +1240,8 @@ def test_complex_samples_batch_as_torchs(mode):
                                   worker_mode=mode))  # fmt: skip
         theirs = list(_torch(ComplexSamples(), batch_size=4, num_workers=workers))
         assert len(ours) == len(theirs) == 4
-        for mine, reference in zip(ours, theirs):
-            for got, expected in zip(mine, reference):
+        for mine, reference in zip(ours, theirs, strict=True):
+            for got, expected in zip(mine, reference, strict=True):
                 assert got.dtype == expected.dtype and torch.equal(got, expected), workers
 
 
