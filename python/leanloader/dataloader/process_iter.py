@@ -56,12 +56,15 @@ from leanloader.dataloader.task_sender import TaskSender
 from leanloader.dataloader.worker import rebuild_error, worker_main
 
 # torch's words when the main process runs out of descriptors (each batch
-# held by the consumer keeps one open, as torch's shared tensors do).
+# held by the consumer keeps one open, as torch's shared tensors do), but
+# not its advice to change torch's sharing strategy: batches come through
+# leanloader's own segments, which that setting does not reach.
 TOO_MANY_OPEN_FILES = (
     "Too many open files. Communication with the workers is no longer possible. Please "
-    "increase the limit using `ulimit -n` in the shell or change the sharing strategy by "
-    "calling `torch.multiprocessing.set_sharing_strategy('file_system')` at the beginning of "
-    "your code"
+    "increase the limit using `ulimit -n` in the shell, or hold fewer batches at once (keep "
+    "copies, `.clone()`, of those you keep): each batch held from leanloader's worker "
+    "processes keeps a descriptor open, and torch.multiprocessing.set_sharing_strategy does "
+    "not change that"
 )
 
 # How often the main process checks worker liveness while it waits.
