@@ -136,6 +136,19 @@ std::shared_ptr<HDF5Source> HDF5Source::open(std::vector<HDF5Field> fields,
 
 HDF5Source::~HDF5Source() = default;
 
+std::shared_ptr<const Source> HDF5Source::snapshot() const {
+  for (const Field& field : fields_) {
+    for (const auto& part : field.parts) {
+      part->identity.check_unchanged(part->open_path);
+      if (part->read_path == detail::Hdf5ReadPath::kPread ||
+          part->read_path == detail::Hdf5ReadPath::kChunks) {
+        files_->data.check_unchanged(part->data_key);  // another file through an external link
+      }
+    }
+  }
+  return nullptr;
+}
+
 void HDF5Source::read_sample(int64_t index, SampleWriter& writer) const {
   if (::getpid() != owner_pid_) {
     throw Error("this HDF5Source was opened in process " + std::to_string(owner_pid_) +

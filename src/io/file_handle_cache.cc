@@ -67,6 +67,17 @@ std::shared_ptr<const File> FileHandleCache::get(size_t key) {
   return open_locked(entry, key);
 }
 
+void FileHandleCache::check_unchanged(size_t key) const {
+  std::string path;
+  FileIdentity identity;
+  {
+    std::lock_guard lock(mutex_);
+    path = entries_.at(key).path;
+    identity = entries_.at(key).identity;
+  }
+  identity.check_unchanged(path);
+}
+
 size_t FileHandleCache::open_count() const {
   std::lock_guard lock(mutex_);
   return open_.size();

@@ -39,6 +39,10 @@ class FileHandleCache {
   // The open file for `key`, opened again if it was closed.
   std::shared_ptr<const File> get(size_t key);
   const std::string& path(size_t key) const { return entries_.at(key).path; }
+  // Throws FormatError when the file registered as `key` is no longer what
+  // it was then (replaced, or written: size or modification time), open or
+  // not; IoError when it cannot be stat'ed.
+  void check_unchanged(size_t key) const;
 
   size_t budget() const noexcept { return budget_; }
   size_t open_count() const;

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <chrono>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <random>
@@ -139,9 +140,18 @@ FileIdentity FileIdentity::of(const std::string& path) {
 void FileIdentity::check_unchanged(const std::string& path) const {
   const FileIdentity now = of(path);
   if (now == *this) return;
-  throw FormatError("'" + path + "' was replaced or modified since the source opened it (size " +
-                    std::to_string(size) + " then, " + std::to_string(now.size) +
-                    " now); open the source again");
+  std::string what;
+  if (now.device != device || now.inode != inode) {
+    what = "another file now";
+  } else {
+    char later[32];
+    std::snprintf(later, sizeof later, "%.3f",
+                  static_cast<double>(now.modified_ns - modified_ns) / 1e9);
+    what = "written: size " + std::to_string(size) + " then, " + std::to_string(now.size) +
+           " now, modified " + later + " s later";
+  }
+  throw FormatError("'" + path + "' was replaced or modified since the source opened it (" + what +
+                    "); open the source again to read it as it is now");
 }
 
 std::string absolute_path(const std::string& path) {

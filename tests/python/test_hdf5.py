@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -249,6 +250,30 @@ FORK_SCRIPT = textwrap.dedent(
     print(os.waitstatus_to_exitcode(status))
     """
 )
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "chunk_spanning_rows", "gzip_shuffle"])
+def test_a_file_written_since_the_source_opened_it_stops_the_next_pass(tmp_path, layout):
+    # h5py in "r+" mode rewrites rows in place: a rewritten compressed chunk
+    # moves, and decoded chunks are kept, so the next pass read the old rows
+    # where h5py reads the new ones. The pass refuses to start instead.
+    path = tmp_path / "d.h5"
+    options = dict(LAYOUTS[layout][0])
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=sample_array((12, 5, 6), "f4"), **options)
+    source = ll.HDF5Source({"x": (path, "x")})
+    loader = ll.Loader(source, batch_size=4, shuffle=False, output="numpy")
+    assert sum(len(batch["x"]) for batch in loader) == 12
+    time.sleep(0.02)  # a later modification time
+    with h5py.File(path, "r+") as f:
+        f["x"][0:3] = sample_array((3, 5, 6), "f4", seed=1) + 100
+    with pytest.raises(
+        ll.FormatError, match=r"d\.h5' was replaced or modified .*open the source again"
+    ):
+        next(iter(loader))
+    with h5py.File(path) as f:
+        expected = f["x"][()]
+    np.testing.assert_array_equal(read_field(ll.HDF5Source({"x": (path, "x")}), "x"), expected)
 
 
 def test_a_forked_child_gets_a_clear_error(tmp_path):

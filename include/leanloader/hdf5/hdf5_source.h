@@ -107,6 +107,13 @@ class HDF5Source final : public Source {
   // decoded) plus the largest decoded chunk that holds several rows (held
   // while its row is copied out, cached or not).
   size_t per_thread_scratch_bytes() const override { return scratch_bytes_; }
+  // Called by the loader at each pass's start: every file is still the one
+  // opened (device, inode, size, modification time), else a FormatError
+  // naming it. A file written since (h5py in "r+" mode, a copy over it) may
+  // have moved its chunks, and decoded chunks are kept here: its rows would
+  // be the old ones, or another chunk's bytes. Returns nullptr (this source
+  // is its own snapshot).
+  std::shared_ptr<const Source> snapshot() const override;
 
   // The files of field `field`, in row order.
   std::vector<std::string> files(size_t field) const;

@@ -491,6 +491,44 @@ TEST(HDF5SourceTest, AFileReplacedUnderTheLibraryPathIsAnError) {
   EXPECT_NE(message.find("replaced or modified"), std::string::npos) << message;
 }
 
+// A file written in place while its source is open (h5py's "r+"): chunks
+// rewritten move, and decoded chunks are kept, so the next pass read the old
+// rows. The pass refuses to start instead, naming the file.
+TEST(HDF5SourceTest, AFileWrittenInPlaceStopsTheNextPass) {
+  TempDir dir;
+  const auto values = iota_values<float>(16 * 4);
+  write_dataset(dir.file("w.h5"), "x", H5T_NATIVE_FLOAT, {16, 4}, values, {{4, 4}, true, 4});
+  const auto source = HDF5Source::open({{"x", dir.file("w.h5"), "x", std::nullopt}});
+  LoaderOptions options;
+  options.batch_size = 16;
+  Loader loader(source, options);
+  auto drain = [&] {
+    auto iterator = loader.iterate();
+    Batch batch;
+    while (iterator->next(batch, std::chrono::seconds(10)) == EpochIterator::Status::kBatch) {
+    }
+  };
+  drain();
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // a later modification time
+  const hid_t file = H5Fopen(dir.file("w.h5").c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(file, 0);
+  const hid_t dset = H5Dopen2(file, "x", H5P_DEFAULT);
+  const std::vector<float> other(16 * 4, 7.0f);
+  ASSERT_GE(H5Dwrite(dset, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, other.data()), 0);
+  H5Dclose(dset);
+  H5Fclose(file);
+  loader.set_epoch(1);
+  const std::string message = error_of(drain);
+  EXPECT_NE(message.find("w.h5' was replaced or modified since the source opened it (written"),
+            std::string::npos)
+      << message;
+  // Opened again, it reads the file as it is now.
+  const auto reopened = HDF5Source::open({{"x", dir.file("w.h5"), "x", std::nullopt}});
+  CollectingWriter writer(*reopened);
+  reopened->read_sample(3, writer);
+  EXPECT_EQ(writer.values<float>(0), std::vector<float>(4, 7.0f));
+}
+
 TEST(HDF5SourceTest, AFileNamedWithGlobCharactersIsThatFile) {
   TempDir dir;
   write_dataset(dir.file("run[1].h5"), "x", H5T_NATIVE_INT32, {2, 2}, std::vector<int32_t>(4, 1));
