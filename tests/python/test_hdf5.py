@@ -264,7 +264,7 @@ def test_a_file_written_since_the_source_opened_it_stops_the_next_pass(tmp_path,
     source = ll.HDF5Source({"x": (path, "x")})
     loader = ll.Loader(source, batch_size=4, shuffle=False, output="numpy")
     assert sum(len(batch["x"]) for batch in loader) == 12
-    time.sleep(0.02)  # a later modification time
+    time.sleep(0.05)  # a later modification time (the kernel stamps at its tick: 4-10 ms)
     with h5py.File(path, "r+") as f:
         f["x"][0:3] = sample_array((3, 5, 6), "f4", seed=1) + 100
     with pytest.raises(

@@ -509,7 +509,8 @@ TEST(HDF5SourceTest, AFileWrittenInPlaceStopsTheNextPass) {
     }
   };
   drain();
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // a later modification time
+  // A later modification time (the kernel stamps at its tick: 4-10 ms).
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
   const hid_t file = H5Fopen(dir.file("w.h5").c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
   ASSERT_GE(file, 0);
   const hid_t dset = H5Dopen2(file, "x", H5P_DEFAULT);
