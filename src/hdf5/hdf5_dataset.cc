@@ -123,19 +123,17 @@ std::optional<TypeInfo> complex_type_locked(hid_t type, H5TClass type_class,
       api.e_clear2(kH5Default);
       return std::nullopt;
     }
+    // The layout of numpy's complex: the real part at 0, the imaginary part
+    // right after it, nothing else.
+    const size_t part_bytes = api.t_get_size(real.get());
     if (api.t_get_offset(real.get()) != 0 || api.t_get_member_offset(type, 0) != 0 ||
-        api.t_get_member_offset(type, 1) != api.t_get_size(real.get())) {
+        api.t_get_member_offset(type, 1) != part_bytes || api.t_get_size(type) != 2 * part_bytes) {
       return std::nullopt;
     }
-    throw_unless_complex_parts(api.t_get_size(real.get()), where);
+    throw_unless_complex_parts(part_bytes, where);
     const TypeInfo r = classify_type_locked(real.get(), where);
     const TypeInfo i = classify_type_locked(imaginary.get(), where);
-    const size_t part_size = dtype_size(r.dtype);
-    if (r.dtype != i.dtype || r.little_endian != i.little_endian ||
-        api.t_get_member_offset(type, 0) != 0 || api.t_get_member_offset(type, 1) != part_size ||
-        api.t_get_size(type) != 2 * part_size) {
-      return std::nullopt;
-    }
+    if (r.dtype != i.dtype || r.little_endian != i.little_endian) return std::nullopt;
     part = r;
   } else if (type_class == H5TClass::kComplex) {
     const Id base(api.t_get_super(type), api.t_close);

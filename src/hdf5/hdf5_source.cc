@@ -140,9 +140,10 @@ std::shared_ptr<const Source> HDF5Source::snapshot() const {
   for (const Field& field : fields_) {
     for (const auto& part : field.parts) {
       part->identity.check_unchanged(part->open_path);
-      if (part->read_path == detail::Hdf5ReadPath::kPread ||
-          part->read_path == detail::Hdf5ReadPath::kChunks) {
-        files_->data.check_unchanged(part->data_key);  // another file through an external link
+      const bool fast_path = part->read_path == detail::Hdf5ReadPath::kPread ||
+                             part->read_path == detail::Hdf5ReadPath::kChunks;
+      if (fast_path && part->data_path != part->open_path) {
+        files_->data.check_unchanged(part->data_key);  // the file an external link reaches
       }
     }
   }
