@@ -85,6 +85,11 @@ def HDF5Source(
     within 16..512). A source opened before ``fork`` cannot be read in the
     child: open it there.
 
+    A file written after the source opened it (h5py in ``"r+"`` mode, rows
+    appended) is opened again at a ``Loader``'s next pass, which then reads it
+    as h5py would (appended rows join it, with a warning); a ``Loader`` made
+    with ``follow_updates=False`` stops with a ``FormatError`` instead.
+
     Example (seed 004)::
 
         src = ll.HDF5Source({"fmri": ("betas_session*.hdf5", "betas"),

@@ -166,10 +166,12 @@ class Loader:
     without it ``device="cuda"`` raises ``RuntimeError``. See docs/gpu.md.
 
     ``follow_updates``: a source that can change (a ``TensorCache`` rebuilt
-    with more entries) is read through immutable snapshots, one per epoch.
-    ``True`` (default): each epoch starts on the source's current contents;
-    ``len()`` changes then, and the epoch's first batch warns once.
-    ``False``: the loader keeps reading the snapshot it was made with.
+    with more entries, HDF5 files written since they were opened) is read
+    through immutable snapshots, one per epoch. ``True`` (default): each
+    epoch starts on the source's current contents; ``len()`` changes then,
+    and the epoch's first batch warns once. ``False``: the loader keeps
+    reading the snapshot it was made with (an HDF5 file written since is
+    then a ``FormatError``: its old rows are gone).
     """
 
     def __init__(

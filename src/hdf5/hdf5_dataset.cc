@@ -857,6 +857,13 @@ void ChunkCache::insert(const void* owner, size_t chunk, std::shared_ptr<const H
   }
 }
 
+void ChunkCache::clear() {
+  std::lock_guard lock(mutex_);
+  entries_.clear();
+  order_.clear();
+  bytes_ = 0;
+}
+
 size_t ChunkCache::bytes() const {
   std::lock_guard lock(mutex_);
   return bytes_;

@@ -152,6 +152,8 @@ class ChunkCache {
   void insert(const void* owner, size_t chunk, std::shared_ptr<const HeapStorage> data);
   size_t bytes() const;
   size_t budget() const noexcept { return budget_; }
+  // Drops every decoded chunk (their readers keep theirs alive).
+  void clear();
 
  private:
   using Key = std::pair<const void*, size_t>;

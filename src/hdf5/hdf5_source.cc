@@ -60,21 +60,32 @@ const char* path_name(detail::Hdf5ReadPath path) {
 std::shared_ptr<HDF5Source> HDF5Source::open(std::vector<HDF5Field> fields,
                                              HDF5SourceOptions options) {
   if (fields.empty()) throw InvalidArgument("HDF5Source needs at least one field");
+  std::vector<Matched> matched;
+  for (HDF5Field& spec : fields) {
+    for (const Matched& other : matched) {
+      if (other.name == spec.name)
+        throw InvalidArgument("HDF5Source: field '" + spec.name + "' given twice");
+    }
+    std::shared_ptr<const std::vector<int64_t>> index;
+    if (spec.index) index = std::make_shared<const std::vector<int64_t>>(std::move(*spec.index));
+    matched.push_back({spec.name, spec.files, spec.dataset, expand(spec.files), std::move(index)});
+  }
+  return open_matched(std::move(matched), options);
+}
+
+std::shared_ptr<HDF5Source> HDF5Source::open_matched(std::vector<Matched> matched,
+                                                     HDF5SourceOptions options) {
   std::shared_ptr<HDF5Source> source(new HDF5Source());
   source->options_ = options;
   source->owner_pid_ = ::getpid();
   source->cache_ = std::make_unique<detail::ChunkCache>(options.chunk_cache_bytes);
   source->files_ = std::make_shared<detail::Hdf5Files>(options.max_open_files);
   std::string description;
-  for (HDF5Field& spec : fields) {
-    for (const Field& other : source->fields_) {
-      if (other.name == spec.name)
-        throw InvalidArgument("HDF5Source: field '" + spec.name + "' given twice");
-    }
+  for (const Matched& spec : matched) {
     Field field;
     field.name = spec.name;
     field.dataset = spec.dataset;
-    for (const std::string& path : expand(spec.files)) {
+    for (const std::string& path : spec.paths) {
       auto part = std::make_shared<detail::Hdf5Dataset>(path, spec.dataset, source->files_);
       if (!field.parts.empty()) {
         const detail::Hdf5Dataset& head = *field.parts.front();
@@ -97,10 +108,10 @@ std::shared_ptr<HDF5Source> HDF5Source::open(std::vector<HDF5Field> fields,
           throw InvalidArgument("HDF5Source field '" + spec.name + "': index[" + std::to_string(i) +
                                 "] = " + std::to_string(index[i]) + " is out of range for the " +
                                 std::to_string(field.rows) + " rows of dataset '" + spec.dataset +
-                                "' in '" + spec.files + "'");
+                                "' in '" + spec.pattern + "'");
         }
       }
-      field.index = std::move(spec.index);
+      field.index = spec.index;
     }
     const int64_t rows = field.index ? static_cast<int64_t>(field.index->size()) : field.rows;
     if (!source->fields_.empty() && rows != source->rows_) {
@@ -115,7 +126,7 @@ std::shared_ptr<HDF5Source> HDF5Source::open(std::vector<HDF5Field> fields,
     const auto bytes = checked_add(source->sample_bytes_, head.row_bytes);
     if (!bytes) throw InvalidArgument("HDF5Source: sample size overflows size_t");
     source->sample_bytes_ = *bytes;
-    description += (description.empty() ? "" : ", ") + field.name + ": " + spec.files + ":" +
+    description += (description.empty() ? "" : ", ") + field.name + ": " + spec.pattern + ":" +
                    spec.dataset + (field.index ? "[index]" : "");
     source->fields_.push_back(std::move(field));
   }
@@ -131,12 +142,43 @@ std::shared_ptr<HDF5Source> HDF5Source::open(std::vector<HDF5Field> fields,
   const auto scratch = checked_add(raw, decoded);
   if (!scratch) throw InvalidArgument("HDF5Source: chunk sizes overflow size_t");
   source->scratch_bytes_ = *scratch;
+  source->matched_ = std::move(matched);
   return source;
 }
 
 HDF5Source::~HDF5Source() = default;
 
+bool HDF5Source::files_unchanged() const {
+  for (const Field& field : fields_) {
+    for (const auto& part : field.parts) {
+      if (!part->identity.unchanged(part->open_path)) return false;
+      const bool fast_path = part->read_path == detail::Hdf5ReadPath::kPread ||
+                             part->read_path == detail::Hdf5ReadPath::kChunks;
+      // The file an external link reaches.
+      if (fast_path && part->data_path != part->open_path &&
+          !files_->data.unchanged(part->data_key))
+        return false;
+    }
+  }
+  return true;
+}
+
 std::shared_ptr<const Source> HDF5Source::snapshot() const {
+  std::lock_guard lock(snapshot_mutex_);
+  const HDF5Source& now = current_ ? *current_ : *this;
+  if (now.files_unchanged()) return current_;
+  // Opened before it is published: a file that no longer opens throws and
+  // leaves the current one in place (for its readers; the next pass tries
+  // again).
+  std::shared_ptr<const HDF5Source> fresh = open_matched(matched_, options_);
+  // Nothing reads this source's decoded chunks again once a loader has
+  // moved on (a loader keeping this snapshot stops at its next pass).
+  if (!current_) cache_->clear();
+  current_ = std::move(fresh);
+  return current_;
+}
+
+void HDF5Source::check_unchanged() const {
   for (const Field& field : fields_) {
     for (const auto& part : field.parts) {
       part->identity.check_unchanged(part->open_path);
@@ -147,7 +189,6 @@ std::shared_ptr<const Source> HDF5Source::snapshot() const {
       }
     }
   }
-  return nullptr;
 }
 
 void HDF5Source::read_sample(int64_t index, SampleWriter& writer) const {

@@ -67,15 +67,20 @@ std::shared_ptr<const File> FileHandleCache::get(size_t key) {
   return open_locked(entry, key);
 }
 
+std::pair<std::string, FileIdentity> FileHandleCache::registered(size_t key) const {
+  std::lock_guard lock(mutex_);
+  const Entry& entry = entries_.at(key);
+  return {entry.path, entry.identity};
+}
+
 void FileHandleCache::check_unchanged(size_t key) const {
-  std::string path;
-  FileIdentity identity;
-  {
-    std::lock_guard lock(mutex_);
-    path = entries_.at(key).path;
-    identity = entries_.at(key).identity;
-  }
+  const auto [path, identity] = registered(key);
   identity.check_unchanged(path);
+}
+
+bool FileHandleCache::unchanged(size_t key) const {
+  const auto [path, identity] = registered(key);
+  return identity.unchanged(path);
 }
 
 size_t FileHandleCache::open_count() const {

@@ -20,6 +20,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "io/file_io.h"
@@ -43,6 +44,8 @@ class FileHandleCache {
   // it was then (replaced, or written: size or modification time), open or
   // not; IoError when it cannot be stat'ed.
   void check_unchanged(size_t key) const;
+  // Whether it still is (false when it cannot be stat'ed).
+  bool unchanged(size_t key) const;
 
   size_t budget() const noexcept { return budget_; }
   size_t open_count() const;
@@ -55,6 +58,8 @@ class FileHandleCache {
     std::list<size_t>::iterator position;
   };
   std::shared_ptr<const File> open_locked(Entry& entry, size_t key);
+  // The path and identity registered as `key`.
+  std::pair<std::string, FileIdentity> registered(size_t key) const;
   void touch_locked(Entry& entry, size_t key);
 
   size_t budget_;

@@ -137,6 +137,13 @@ FileIdentity FileIdentity::of(const std::string& path) {
           int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec};
 }
 
+bool FileIdentity::unchanged(const std::string& path) const {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return false;
+  return FileIdentity{st.st_dev, st.st_ino, static_cast<int64_t>(st.st_size),
+                      int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec} == *this;
+}
+
 void FileIdentity::check_unchanged(const std::string& path) const {
   const FileIdentity now = of(path);
   if (now == *this) return;

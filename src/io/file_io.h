@@ -76,6 +76,8 @@ struct FileIdentity {
 
   // stat(2) of `path`; throws IoError.
   static FileIdentity of(const std::string& path);
+  // Whether `path` still has this identity (false when it cannot be stat'ed).
+  bool unchanged(const std::string& path) const;
   // Throws FormatError naming `path` unless it still has this identity.
   void check_unchanged(const std::string& path) const;
 };

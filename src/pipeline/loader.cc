@@ -238,7 +238,11 @@ std::unique_ptr<EpochIterator> Loader::iterate() {
   // A loaded state's position means samples of the snapshot it was checked
   // against: a resumed epoch stays on it, the next one follows updates.
   std::optional<std::string> changed;
-  if (options_.follow_updates && !resuming) changed = adopt_snapshot(snapshot_of(source_));
+  if (options_.follow_updates && !resuming) {
+    changed = adopt_snapshot(snapshot_of(source_));
+  } else {
+    snapshot_->check_unchanged();
+  }
   const RankShard shard = shard_from(start);
   detail::RunPlan plan{snapshot_,
                        pool_,

@@ -50,6 +50,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -107,13 +108,18 @@ class HDF5Source final : public Source {
   // decoded) plus the largest decoded chunk that holds several rows (held
   // while its row is copied out, cached or not).
   size_t per_thread_scratch_bytes() const override { return scratch_bytes_; }
-  // Called by the loader at each pass's start: every file is still the one
-  // opened (device, inode, size, modification time), else a FormatError
-  // naming it. A file written since (h5py in "r+" mode, a copy over it) may
-  // have moved its chunks, and decoded chunks are kept here: its rows would
-  // be the old ones, or another chunk's bytes. Returns nullptr (this source
-  // is its own snapshot).
+  // Called by the loader at each pass's start. A file written since it was
+  // opened (h5py in "r+" mode, an append, a copy over it: device, inode,
+  // size or modification time changed) may have moved its chunks, and
+  // decoded chunks are kept: its rows would be the old ones, or another
+  // chunk's bytes. So when any file changed, the same files (as matched at
+  // open) are opened again and that source is returned, as h5py opening
+  // them now would read them; the loader then reads it (its size may
+  // differ). Returns nullptr while nothing changed (this source is its own
+  // snapshot). Throws what open() throws when a file no longer opens.
   std::shared_ptr<const Source> snapshot() const override;
+  // FormatError naming the first file written since this source opened it.
+  void check_unchanged() const override;
 
   // The files of field `field`, in row order.
   std::vector<std::string> files(size_t field) const;
@@ -136,11 +142,23 @@ class HDF5Source final : public Source {
     std::vector<std::shared_ptr<detail::Hdf5Dataset>> parts;
     std::vector<int64_t> starts;  // first concatenated row of each part
     int64_t rows = 0;             // concatenated rows
-    std::optional<std::vector<int64_t>> index;
+    std::shared_ptr<const std::vector<int64_t>> index;
+  };
+
+  // A field's files as matched at open, opened again by snapshot().
+  struct Matched {
+    std::string name;
+    std::string pattern;  // as given, for messages
+    std::string dataset;
+    std::vector<std::string> paths;
+    std::shared_ptr<const std::vector<int64_t>> index;  // shared by every reopening
   };
 
   HDF5Source() = default;
+  static std::shared_ptr<HDF5Source> open_matched(std::vector<Matched> matched,
+                                                  HDF5SourceOptions options);
   void read_field_row(size_t field, int64_t row, SampleWriter& writer) const;
+  bool files_unchanged() const;
 
   std::vector<Field> fields_;
   std::vector<FieldSpec> specs_;
@@ -152,6 +170,11 @@ class HDF5Source final : public Source {
   size_t sample_bytes_ = 0;
   std::string description_;
   pid_t owner_pid_ = 0;
+  std::vector<Matched> matched_;
+  // The source opened again after a file changed (null: none yet, this one
+  // is current); taken and replaced under snapshot_mutex_.
+  mutable std::mutex snapshot_mutex_;
+  mutable std::shared_ptr<const HDF5Source> current_;
 };
 
 }  // namespace leanloader

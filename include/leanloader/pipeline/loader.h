@@ -89,6 +89,9 @@ class Loader {
   // pass still in progress. With follow_updates, first takes the source's
   // current snapshot and sizes the epoch from it; throws InvalidArgument when
   // its fields no longer fit the planned slots (a new Loader is needed).
+  // Without (or resuming an epoch), checks the snapshot it keeps is still
+  // readable as it was (Source::check_unchanged: an HDF5 file written since
+  // is a FormatError).
   std::unique_ptr<EpochIterator> iterate();
 
   LoaderStats stats() const;

@@ -51,10 +51,12 @@ struct LoaderOptions {
   // default). Tests and embedders may supply their own reading; it may throw,
   // which the loader reports as an error of the batch being opened.
   std::function<size_t()> available_memory;
-  // A source that can change (a TensorCache rebuilt or reloaded) is read
-  // through immutable snapshots. true: each epoch starts on the source's
-  // current snapshot (len() changes then, with a warning in the epoch's first
-  // batch). false: the Loader keeps the snapshot it was made with.
+  // A source that can change (a TensorCache rebuilt or reloaded, HDF5 files
+  // written since they were opened) is read through immutable snapshots.
+  // true: each epoch starts on the source's current snapshot (len() changes
+  // then, with a warning in the epoch's first batch). false: the Loader keeps
+  // the snapshot it was made with (an HDF5 file written since then stops the
+  // next pass with a FormatError: its old rows are gone).
   bool follow_updates = true;
   // Sees every batch slot's memory created and freed (page-locking slots in
   // place for a device: device/host_pinning.h). Unset: plain memory.

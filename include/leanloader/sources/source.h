@@ -134,6 +134,12 @@ class Source {
   // is its own snapshot); one that can (TensorCache, rebuilt or reloaded)
   // returns its current snapshot.
   virtual std::shared_ptr<const Source> snapshot() const { return nullptr; }
+  // Called by a Loader at the start of each pass that keeps the snapshot it
+  // has (follow_updates off, or a resumed epoch) instead of taking a new
+  // one: throws when the data under this snapshot changed so that it can no
+  // longer be read as it was (files written in place). Sources whose
+  // snapshots own their bytes never throw.
+  virtual void check_unchanged() const {}
 };
 
 // Index of the field called `name`, or nullopt.
