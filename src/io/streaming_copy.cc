@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
+#include <string>
 
 // ThreadSanitizer sees memcpy (it intercepts it) but not the stores of SSE
 // intrinsics: its builds copy with memcpy, so that a race on a batch's bytes
@@ -27,6 +29,22 @@
 #endif
 
 namespace leanloader::detail {
+
+size_t last_level_cache_bytes() noexcept {
+  for (int index = 0; index < 8; ++index) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index);
+    std::ifstream level_file(dir + "/level");
+    std::ifstream size_file(dir + "/size");
+    int level = 0;
+    size_t size = 0;
+    char unit = 0;
+    if (!(level_file >> level) || level != 3 || !(size_file >> size)) continue;
+    if (size_file >> unit) size <<= unit == 'K' ? 10 : unit == 'M' ? 20 : 0;
+    if (size > 0) return size;
+  }
+  const long last_level = ::sysconf(_SC_LEVEL3_CACHE_SIZE);
+  return last_level > 0 ? static_cast<size_t>(last_level) : 0;
+}
 
 void copy_with_streaming_stores(void* dst, const void* src, size_t bytes) noexcept {
 #if LEANLOADER_STREAMING_STORES
@@ -66,9 +84,8 @@ void copy_with_streaming_stores(void* dst, const void* src, size_t bytes) noexce
 
 size_t streaming_batch_bytes() noexcept {
   static const size_t bytes = [] {
-    const long last_level = ::sysconf(_SC_LEVEL3_CACHE_SIZE);
-    return std::max(kStreamingBatchBytes,
-                    last_level > 0 ? static_cast<size_t>(last_level) / 8 : size_t{0});
+    const size_t last_level = last_level_cache_bytes();
+    return std::max(kStreamingBatchBytes, last_level / 8);
   }();
   return bytes;
 }

@@ -33,8 +33,17 @@ inline constexpr size_t kStreamingBatchBytes = size_t{4} << 20;
 // that is more. Where the cache holds the batches in flight, the consumer
 // reads them from it and cached stores are faster (a Xeon with 480 MiB of
 // L3, 256 KiB rows into 16 MiB batches: 7.1-7.5 GB/s streaming, 9.4-9.8
-// cached). Read once (sysconf).
+// cached). Read once (last_level_cache_bytes).
 size_t streaming_batch_bytes() noexcept;
+
+// The L3 cache this CPU shares with others, as the kernel describes it
+// (sysfs: cpu0's level-3 cache); sysconf's figure where sysfs has none; 0
+// when neither knows. Not sysconf first: glibc adds up every L3 of the
+// package from CPUID, which on AMD parts with one L3 per core complex is
+// many times what a core can use (the 2-core EPYC VM: 256 MiB from sysconf,
+// 32 MiB in sysfs; 16 MiB batches were then filled with cached stores,
+// 3.4-4.0 GB/s for 256 KiB rows where streaming stores give 4.6-5.0).
+size_t last_level_cache_bytes() noexcept;
 
 // memcpy(dst, src, bytes) with non-temporal stores for the 64-byte lines of
 // `dst` (its unaligned head and tail are copied with memcpy), fenced, so the
