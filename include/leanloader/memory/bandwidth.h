@@ -12,11 +12,13 @@
 namespace leanloader {
 
 // Returns the bytes copied per second (bytes, not GB) when `threads`
-// std::threads each memcpy their own `bytes_per_thread` buffer at the same
+// std::threads each copy their own `bytes_per_thread` buffer at the same
 // time: threads * bytes_per_thread divided by the wall time from the first
 // thread's start to the last thread's end. Buffers are allocated and
 // prefaulted before timing; one untimed warm-up pass precedes `repeats` timed
-// passes, and the median pass is returned.
+// passes, and the median pass is taken. Measured twice, with memcpy and with
+// streaming stores (detail::copy_with_streaming_stores), and the faster copy
+// is returned: the ceiling for a batch assembled by either.
 //
 // Throws InvalidArgument when threads < 1, bytes_per_thread == 0 or
 // repeats < 1, and OutOfMemory when the buffers cannot be allocated.
