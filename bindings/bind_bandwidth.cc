@@ -14,6 +14,22 @@ void bind_bandwidth(nb::module_& m) {
         "`bytes_per_thread` buffer at once (median of `repeats` passes after a\n"
         "warm-up; buffers prefaulted), with memcpy or with streaming stores,\n"
         "whichever is faster. The ceiling for batch assembly.");
+  m.def(
+      "copy_as_batch_slot",
+      [](nb::ndarray<nb::c_contig, nb::device::cpu> dst,
+         nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu> src) {
+        if (dst.nbytes() != src.nbytes()) {
+          throw nb::value_error(("copy_as_batch_slot: dst holds " + std::to_string(dst.nbytes()) +
+                                 " bytes, src " + std::to_string(src.nbytes()))
+                                    .c_str());
+        }
+        nb::gil_scoped_release released;
+        copy_as_batch_slot(dst.data(), src.data(), src.nbytes());
+      },
+      nb::arg("dst"), nb::arg("src"),
+      "Copies `src` into `dst` (C-contiguous, as many bytes; must not overlap)\n"
+      "as the loader fills a batch slot of that size: streaming stores for\n"
+      "large batches, memcpy for small ones. Releases the GIL.");
 }
 
 }  // namespace leanloader::bindings

@@ -109,4 +109,10 @@ double measure_memcpy_bandwidth(int threads, size_t bytes_per_thread, int repeat
                   median_copy_rate(threads, bytes_per_thread, repeats, detail::Stores::kStreaming));
 }
 
+void copy_as_batch_slot(void* dst, const void* src, size_t bytes) noexcept {
+  detail::copy_with(bytes >= detail::streaming_batch_bytes() ? detail::Stores::kStreaming
+                                                             : detail::Stores::kCached,
+                    dst, src, bytes);
+}
+
 }  // namespace leanloader

@@ -25,4 +25,11 @@ namespace leanloader {
 // Thread-safe; it allocates 2 * threads * bytes_per_thread bytes while it runs.
 double measure_memcpy_bandwidth(int threads, size_t bytes_per_thread, int repeats);
 
+// Copies `bytes` from `src` to `dst` as a loader fills a batch slot of that
+// size: streaming stores from the size where the loader uses them (a large
+// share of the last-level cache), memcpy below. For yardsticks that copy
+// whole batches (the bench's copy-and-read), so they copy as well as the
+// loader they are set against. The ranges must not overlap.
+void copy_as_batch_slot(void* dst, const void* src, size_t bytes) noexcept;
+
 }  // namespace leanloader

@@ -5,8 +5,10 @@ alone, with nothing else on the cores. In a bench the consumer reads every
 byte of every batch on the same cores, so even a loader that did nothing but
 one memcpy per batch would reach only part of it. This row measures that
 loader: ``threads`` Python threads, each copying whole batches from an array
-in RAM with one ``np.copyto`` (a memcpy, without the GIL) into buffers the
-consumer hands back, and the bench's own consumer reading them. No sampling,
+in RAM with one copy (``_core.copy_as_batch_slot``: the stores leanloader
+fills a slot of that size with, streaming for large batches; without the
+GIL) into buffers the consumer hands back, and the bench's own consumer
+reading them. No sampling,
 no rows, no storage: the hardware's share for batch assembly with this
 consumer, against which a loader's own per-sample costs show.
 """
@@ -21,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from leanloader import _core
 from leanloader.bench.scenarios import LoaderContext, LoaderRun
 
 # The source cycles through this much RAM, well above any CPU cache, so the
@@ -44,7 +47,7 @@ def source_array(
 def copied_batches(
     source: np.ndarray, batches: int, threads: int, output: str = "numpy"
 ) -> Iterator[Any]:
-    """`batches` batches, each one memcpy of a batch of `source` by one of
+    """`batches` batches, each one copy of a batch of `source` by one of
     `threads` threads, at most two batches in flight per thread.
 
     A batch's buffer is reused once the consumer asked for the next batch,
@@ -63,7 +66,7 @@ def copied_batches(
             buffer = free.get()
             if stop.is_set():
                 break
-            np.copyto(buffer, source[number % len(source)])
+            _core.copy_as_batch_slot(buffer, source[number % len(source)])
             ready.put(buffer)
         ready.put(None)
 
@@ -115,7 +118,7 @@ def copy_and_read_run(
         threads=threads,
         imports=("torch",) if output == "torch" else (),
         options={"output": output},
-        label=f"yardstick: {threads} threads memcpy whole {batch_label} batches from RAM "
+        label=f"yardstick: {threads} threads copy whole {batch_label} batches from RAM "
         "(no loader), the consumer reads them",
     )
 

@@ -34,7 +34,8 @@ beyond its bytes shows at 4 KiB (tabular rows, token windows).
   map by NumPy's fancy indexing in a ``ParallelMapper`` of 2 threads, a
   ``Prefetcher``, in a ``Loader``.
 - ``copy-and-read`` (a yardstick, not a loader): 2 threads each copy whole
-  16 MiB batches from an array in RAM with one memcpy and the consumer reads
+  16 MiB batches from an array in RAM with one copy (the stores leanloader
+  fills a slot of that size with) and the consumer reads
   them (``leanloader.bench.yardstick``): the most any loader can reach while
   the consumer reads every byte on the same cores.
 - ``torch-forkserver``: the same with ``multiprocessing_context="forkserver"``,
