@@ -132,19 +132,17 @@ TEST(TensorCacheTest, CountsGathersThatCameFromStorage) {
   // its header's.
   const uint64_t before = cache->storage_reads();
   uint64_t after_first = before;
-  // A read that finds its bytes in the page cache is not counted. Right
-  // after an eviction that is still possible: pages the kernel is reading
-  // ahead are neither dropped nor counted as resident until their I/O ends,
-  // and a read with RWF_NOWAIT starts read-ahead itself, which a fast
-  // virtual disk can finish before the call looks again (measured on an
-  // 8 MiB read-ahead disk: 3-11 of 100 such reads served whole). So the
-  // test tries again, evicting each time, until one read waits for storage.
+  // Samples 1-7 in turn until one read counts (see
+  // read_after_eviction_until_counted).
   int64_t sample = 0;
-  for (int attempt = 0; attempt < 40 && after_first == before; ++attempt) {
-    if (evict() > 16) GTEST_SKIP() << "the file system keeps the shards in memory (tmpfs?)";
+  const auto outcome = testing::read_after_eviction_until_counted(evict, 16, [&](int attempt) {
     sample = 1 + attempt % 7;
     cache->read_sample(sample, writer);  // from storage, most times
     after_first = cache->storage_reads();
+    return after_first != before;
+  });
+  if (outcome == testing::EvictedRead::kCannotEvict) {
+    GTEST_SKIP() << "the file system keeps the shards in memory (tmpfs?)";
   }
   EXPECT_GE(after_first, before + 1);
   EXPECT_FLOAT_EQ(writer.value<float>(0, 3), float(sample) + 0.003f);

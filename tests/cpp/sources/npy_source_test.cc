@@ -244,21 +244,19 @@ TEST(NpySourceTest, CountsRowsThatCameFromStorage) {
   write_npy(dir.file("x.npy"), DType::kF32, {rows, row_values}, x);
   const auto source = NpySource::from_arrays({{"x", dir.file("x.npy")}});
   CollectingWriter writer(*source);
-  // A read that does not wait for storage (RWF_NOWAIT) starts the device's
-  // read-ahead and may find it done already on a fast virtual disk (1 run in
-  // 40 here): the row is then counted as cached. So the evicted row is read
-  // up to five times, once each time it is evicted again; one must count.
-  bool counted = false;
-  for (int attempt = 0; attempt < 5 && !counted; ++attempt) {
-    if (testing::evict_from_page_cache(dir.file("x.npy")) > 4) {
-      GTEST_SKIP() << "the file system keeps the file in memory (tmpfs?)";
-    }
-    const uint64_t before = source->storage_reads();
-    source->read_sample(7, writer);
-    EXPECT_LE(source->storage_reads(), before + 1);
-    counted = source->storage_reads() == before + 1;
+  // Row 7 until one read of it counts (see read_after_eviction_until_counted).
+  const auto outcome = testing::read_after_eviction_until_counted(
+      [&] { return testing::evict_from_page_cache(dir.file("x.npy")); }, 4,
+      [&](int) {
+        const uint64_t before = source->storage_reads();
+        source->read_sample(7, writer);
+        EXPECT_LE(source->storage_reads(), before + 1);
+        return source->storage_reads() == before + 1;
+      });
+  if (outcome == testing::EvictedRead::kCannotEvict) {
+    GTEST_SKIP() << "the file system keeps the file in memory (tmpfs?)";
   }
-  EXPECT_TRUE(counted);
+  EXPECT_EQ(outcome, testing::EvictedRead::kCounted);
   EXPECT_EQ(reinterpret_cast<const float*>(writer.buffers[0].data())[5], 1.0f);
   const uint64_t cached = source->storage_reads();
   source->read_sample(7, writer);  // now in the page cache
