@@ -465,7 +465,7 @@ class HintRecordingSource final : public Source {
 TEST(LoaderTest, SourcesAreAskedForStreamingStoresInBatchesOfSeveralMiBOnly) {
   const size_t threshold = detail::streaming_batch_bytes();
   EXPECT_GE(threshold, detail::kStreamingBatchBytes);
-  EXPECT_GE(threshold, static_cast<size_t>(std::max(::sysconf(_SC_LEVEL3_CACHE_SIZE), 0L)) / 8);
+  EXPECT_GE(threshold, detail::last_level_cache_bytes() / 8);
   const auto row_bytes = static_cast<int64_t>(threshold / 8);
   const auto large = std::make_shared<HintRecordingSource>(row_bytes);
   Loader large_batches(large, options(8, false, 2));  // batches of the threshold
