@@ -148,16 +148,22 @@ std::shared_ptr<HDF5Source> HDF5Source::open_matched(std::vector<Matched> matche
 
 HDF5Source::~HDF5Source() = default;
 
-bool HDF5Source::files_unchanged() const {
+bool HDF5Source::files_unchanged(bool or_throw) const {
   for (const Field& field : fields_) {
     for (const auto& part : field.parts) {
-      if (!part->identity.unchanged(part->open_path)) return false;
       const bool fast_path = part->read_path == detail::Hdf5ReadPath::kPread ||
                              part->read_path == detail::Hdf5ReadPath::kChunks;
-      // The file an external link reaches.
-      if (fast_path && part->data_path != part->open_path &&
-          !files_->data.unchanged(part->data_key))
-        return false;
+      // The data file an external link reaches, read on the fast paths.
+      const bool linked = fast_path && part->data_path != part->open_path;
+      if (part->identity.unchanged(part->open_path) &&
+          (!linked || files_->data.unchanged(part->data_key))) {
+        continue;
+      }
+      if (or_throw) {
+        part->identity.check_unchanged(part->open_path);
+        if (linked) files_->data.check_unchanged(part->data_key);
+      }
+      return false;
     }
   }
   return true;
@@ -178,18 +184,7 @@ std::shared_ptr<const Source> HDF5Source::snapshot() const {
   return current_;
 }
 
-void HDF5Source::check_unchanged() const {
-  for (const Field& field : fields_) {
-    for (const auto& part : field.parts) {
-      part->identity.check_unchanged(part->open_path);
-      const bool fast_path = part->read_path == detail::Hdf5ReadPath::kPread ||
-                             part->read_path == detail::Hdf5ReadPath::kChunks;
-      if (fast_path && part->data_path != part->open_path) {
-        files_->data.check_unchanged(part->data_key);  // the file an external link reaches
-      }
-    }
-  }
-}
+void HDF5Source::check_unchanged() const { files_unchanged(/*or_throw=*/true); }
 
 void HDF5Source::read_sample(int64_t index, SampleWriter& writer) const {
   if (::getpid() != owner_pid_) {

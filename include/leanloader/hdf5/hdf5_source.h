@@ -158,7 +158,10 @@ class HDF5Source final : public Source {
   static std::shared_ptr<HDF5Source> open_matched(std::vector<Matched> matched,
                                                   HDF5SourceOptions options);
   void read_field_row(size_t field, int64_t row, SampleWriter& writer) const;
-  bool files_unchanged() const;
+  // Whether every file is still the one opened (device, inode, size,
+  // modification time); with `or_throw`, a FormatError naming the first that
+  // is not.
+  bool files_unchanged(bool or_throw = false) const;
 
   std::vector<Field> fields_;
   std::vector<FieldSpec> specs_;
