@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <random>
 
 #include "leanloader/core/error.h"
@@ -130,18 +131,27 @@ void fsync_directory(const std::string& directory) {
   if (result != 0) throw IoError("cannot fsync directory", directory, error_number);
 }
 
-FileIdentity FileIdentity::of(const std::string& path) {
+namespace {
+
+// stat(2) of `path` as an identity; nullopt (errno set) when it fails.
+std::optional<FileIdentity> stat_identity(const std::string& path) {
   struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) throw IoError("cannot stat", path, errno);
-  return {st.st_dev, st.st_ino, static_cast<int64_t>(st.st_size),
-          int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec};
+  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
+  return FileIdentity{st.st_dev, st.st_ino, static_cast<int64_t>(st.st_size),
+                      int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec};
+}
+
+}  // namespace
+
+FileIdentity FileIdentity::of(const std::string& path) {
+  const std::optional<FileIdentity> identity = stat_identity(path);
+  if (!identity) throw IoError("cannot stat", path, errno);
+  return *identity;
 }
 
 bool FileIdentity::unchanged(const std::string& path) const {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return false;
-  return FileIdentity{st.st_dev, st.st_ino, static_cast<int64_t>(st.st_size),
-                      int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec} == *this;
+  const std::optional<FileIdentity> now = stat_identity(path);
+  return now && *now == *this;
 }
 
 void FileIdentity::check_unchanged(const std::string& path) const {
