@@ -16,7 +16,8 @@ process that has it to itself. Only the builder's own leftovers are: a shard tha
 no manifest references and that no build here marked as its own (a copy whose
 ``manifest.json`` has not arrived yet) is kept, and ``verify`` reports it as
 ``"unreferenced"``. A folder of one ``.safetensors`` per sample, as
-trainers write them (e.g. ``_latent_cache/``), opens as a cache too, read-only.
+trainers write them (e.g. ``_latent_cache/``), opens as a cache too, read-only
+(its files sorted by name; hidden ones, named ``.*``, skipped as ``glob`` does).
 
 Entries are keyed by where the sample came from, and carry a fingerprint: the
 source file's path, size and mtime_ns (or its XXH64 content hash with

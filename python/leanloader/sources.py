@@ -57,8 +57,9 @@ def NpySource(
     - ``NpySource("x.npy")``: one memory-mapped array; rows are samples; the
       field is named after the file's stem (or ``name``).
     - ``NpySource({"x": "x.npy", "y": "y.npy"})``: one field per file, same row count.
-    - ``NpySource("dir/")``: one ``.npy`` per sample (sorted by name), one field
-      named after the directory (or ``name``).
+    - ``NpySource("dir/")``: one ``.npy`` per sample (sorted by name; hidden
+      files, whose names start with ``.``, are skipped as ``glob`` skips
+      them), one field named after the directory (or ``name``).
     """
     if isinstance(path, Mapping):
         if name is not None:

@@ -215,7 +215,10 @@ std::shared_ptr<const TensorCache::State> TensorCache::load_state(bool cleanup) 
   if (::stat(manifest_path.c_str(), &st) != 0) {
     std::vector<std::string> files;
     for (const std::string& name : detail::list_files(path_)) {
-      if (detail::ends_with(name, ".safetensors") && !detail::is_shard_name(name)) {
+      // Hidden files are not samples (as `glob("dir/*.safetensors")` has it):
+      // "._x.safetensors" is the AppleDouble file of a macOS copy.
+      if (name.front() != '.' && detail::ends_with(name, ".safetensors") &&
+          !detail::is_shard_name(name)) {
         files.push_back(name);
       }
     }

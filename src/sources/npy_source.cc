@@ -127,7 +127,10 @@ std::shared_ptr<NpySource> NpySource::from_directory(const std::string& field_na
   std::shared_ptr<NpySource> source(new NpySource());
   for (const detail::DirectoryEntry& entry : detail::list_directory(directory)) {
     const std::string& name = entry.name;
-    if (name.size() > 4 && name.compare(name.size() - 4, 4, ".npy") == 0) {
+    // Hidden files are not samples, as `glob("dir/*.npy")` has it: a ".x.npy"
+    // backup or the "._x.npy" AppleDouble file a macOS copy leaves would
+    // otherwise sort first and shift every index by one.
+    if (name.front() != '.' && name.size() > 4 && name.compare(name.size() - 4, 4, ".npy") == 0) {
       source->files_.push_back(directory + "/" + name);
     }
   }

@@ -367,6 +367,9 @@ TEST(TensorCacheTest, ReadsAFolderOfPerSampleFiles) {
   }
   // A truncated file, as a trainer killed mid-write leaves it.
   std::ofstream(folder + "/img9_h.safetensors", std::ios::binary) << std::string(12, '\x01');
+  // The AppleDouble file a macOS copy leaves is hidden, not a sample (it
+  // sorted first and shifted every index).
+  std::ofstream(folder + "/._img0_h.safetensors", std::ios::binary) << "\x00\x05\x16\x07Mac OS X";
   const auto cache = TensorCache::open(folder);
   EXPECT_EQ(cache->layout(), TensorCache::Layout::kPerSampleFiles);
   ASSERT_EQ(cache->size(), 6);

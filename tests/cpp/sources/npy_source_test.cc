@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <numeric>
 
 #include "leanloader/core/error.h"
@@ -352,6 +353,22 @@ TEST(NpySourceTest, DirectoryOfPerSampleFiles) {
   source->read_sample(2, writer);
   EXPECT_EQ(writer.shapes[0], (Shape{2, 2}));
   EXPECT_EQ(reinterpret_cast<const int32_t*>(writer.buffers[0].data())[3], 2);
+  EXPECT_EQ(source->sample_location(1), dir.file("s1.npy"));
+}
+
+TEST(NpySourceTest, HiddenFilesOfADirectoryAreNotSamples) {
+  // As glob("dir/*.npy") lists it: a hidden backup and the AppleDouble file a
+  // macOS copy leaves (not a .npy at all) sort first, and were read as samples.
+  TempDir dir;
+  for (int i = 0; i < 2; ++i) {
+    write_npy(dir.file("s" + std::to_string(i) + ".npy"), DType::kI32, {2},
+              std::vector<int32_t>(2, i));
+  }
+  write_npy(dir.file(".s0.backup.npy"), DType::kI32, {2}, std::vector<int32_t>(2, 99));
+  std::ofstream(dir.file("._s1.npy"), std::ios::binary) << "\x00\x05\x16\x07Mac OS X";
+  const auto source = NpySource::from_directory("x", dir.path());
+  ASSERT_EQ(source->size(), 2);
+  EXPECT_EQ(source->sample_location(0), dir.file("s0.npy"));
   EXPECT_EQ(source->sample_location(1), dir.file("s1.npy"));
 }
 
