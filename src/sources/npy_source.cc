@@ -53,6 +53,18 @@ size_t data_bytes(const NpyHeader& header, const std::string& path) {
   return *bytes;
 }
 
+// Element strides of an array stored in Fortran order (first index fastest).
+// Bounded by the array's checked element count (data_bytes).
+Shape fortran_strides(const Shape& shape) {
+  Shape strides(shape.size());
+  int64_t stride = 1;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    strides[i] = stride;
+    stride *= std::max<int64_t>(shape[i], 1);
+  }
+  return strides;
+}
+
 // Throws FormatError unless the header's data fits inside a file of `file_size`.
 void check_data_fits(const NpyHeader& header, size_t bytes, size_t file_size,
                      const std::string& path) {
@@ -85,16 +97,8 @@ std::shared_ptr<NpySource> NpySource::from_arrays(
     if (header.shape.empty()) {
       throw InvalidArgument("'" + path + "' holds a scalar; NpySource needs rows (dimension 0)");
     }
-    const Shape strides = header.fortran_order ? [&] {
-      Shape s(header.shape.size());
-      int64_t stride = 1;
-      for (size_t i = 0; i < s.size(); ++i) {
-        s[i] = stride;
-        stride *= std::max<int64_t>(header.shape[i], 1);
-      }
-      return s;
-    }()
-                                               : contiguous_strides(header.shape);
+    const Shape strides =
+        header.fortran_order ? fortran_strides(header.shape) : contiguous_strides(header.shape);
     array.row_shape.assign(header.shape.begin() + 1, header.shape.end());
     array.row_strides.assign(strides.begin() + 1, strides.end());
     array.row_step = static_cast<size_t>(strides[0]) * dtype_size(header.dtype);
@@ -270,12 +274,20 @@ void NpySource::read_from_file(int64_t index, SampleWriter& writer) const {
                       " differs from the " + std::string(dtype_name(specs_[0].dtype)) +
                       " of the directory's first file");
   }
-  if (header.fortran_order) {
-    throw FormatError("'" + path + "': fortran_order=True is not supported for per-sample files");
-  }
-  check_data_fits(header, data_bytes(header, path), file.size(), path);
+  const size_t bytes = data_bytes(header, path);
+  check_data_fits(header, bytes, file.size(), path);
   const std::span<std::byte> dst = writer.field_buffer(0, header.shape);
-  file.read_exact(header.data_offset, dst);
+  if (!header.fortran_order || header.shape.size() < 2) {
+    // C order, or one dimension or none: the file's bytes are the sample's.
+    file.read_exact(header.data_offset, dst);
+    return;
+  }
+  // Fortran order (np.save of a transposed array, MATLAB's and Julia's
+  // writers): read whole, then gathered into C order as numpy.load returns it.
+  std::vector<std::byte> stored(bytes);
+  file.read_exact(header.data_offset, stored);
+  copy_strided(stored.data(), header.shape, fortran_strides(header.shape), dtype_size(header.dtype),
+               dst.data());
 }
 
 std::string NpySource::sample_location(int64_t index) const {

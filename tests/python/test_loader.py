@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import signal
@@ -174,6 +175,26 @@ def test_list_collate_for_variable_length_files(tmp_path):
     items = [item for batch in loader for item in batch["data"]]
     assert [len(item) for item in items] == [i * 37 for i in range(10)]
     assert all((item == i).all() for i, item in enumerate(items))
+
+
+def test_a_folder_of_npy_files_reads_as_numpy_loads_sorted_glob(tmp_path):
+    """A per-sample folder against its reference, sorted(glob("*.npy")) +
+    np.load: files in C and Fortran order (np.save of a transposed array),
+    hidden files (a backup, a macOS AppleDouble file) not among the samples."""
+    rng = np.random.default_rng(3)
+    for i in range(6):
+        array = rng.standard_normal((4, 3, 5)).astype(np.float32)
+        np.save(tmp_path / f"s{i}.npy", array if i % 2 else array.T.copy().T)  # F-contiguous
+    np.save(tmp_path / ".s0.backup.npy", np.zeros((4, 3, 5), np.float32))
+    (tmp_path / "._s1.npy").write_bytes(b"\x00\x05\x16\x07\x00\x02\x00\x00Mac OS X")
+    expected = [np.load(path) for path in sorted(glob.glob(str(tmp_path / "*.npy")))]
+    assert [np.isfortran(np.load(tmp_path / f"s{i}.npy")) for i in range(2)] == [True, False]
+    loader = ll.Loader(ll.NpySource(tmp_path, name="x"), batch_size=4, output="numpy")
+    got = [row for batch in loader for row in batch["x"]]
+    assert len(got) == len(expected) == 6
+    for row, reference in zip(got, expected):
+        assert row.dtype == reference.dtype and row.shape == reference.shape
+        assert row.tobytes() == np.ascontiguousarray(reference).tobytes()
 
 
 def test_memory_budget_caps_the_bill(id_arrays):

@@ -356,6 +356,34 @@ TEST(NpySourceTest, DirectoryOfPerSampleFiles) {
   EXPECT_EQ(source->sample_location(1), dir.file("s1.npy"));
 }
 
+TEST(NpySourceTest, PerSampleFilesInFortranOrderAreReadAsNumpyReadsThem) {
+  // np.save of a transposed array (and MATLAB's and Julia's writers) store
+  // fortran_order: True; such files were refused when their sample was read.
+  // Sample 0 in C order, sample 1 in Fortran order; both hold the 2x3x2
+  // array whose C-order elements are 100 * sample + 0..11.
+  TempDir dir;
+  std::vector<float> row_major(12), column_major(12);
+  for (int i = 0; i < 2; ++i) {
+    for (int j = 0; j < 3; ++j) {
+      for (int k = 0; k < 2; ++k) {
+        row_major[6 * i + 2 * j + k] = static_cast<float>(6 * i + 2 * j + k);
+        column_major[i + 2 * j + 6 * k] = static_cast<float>(100 + 6 * i + 2 * j + k);
+      }
+    }
+  }
+  testing::write_npy(dir.file("s0.npy"), DType::kF32, {2, 3, 2}, row_major.data(), 48, false);
+  testing::write_npy(dir.file("s1.npy"), DType::kF32, {2, 3, 2}, column_major.data(), 48, true);
+  const auto source = NpySource::from_directory("x", dir.path());
+  for (int64_t sample = 0; sample < 2; ++sample) {
+    CollectingWriter writer(*source);
+    source->read_sample(sample, writer);
+    ASSERT_EQ(writer.shapes[0], (Shape{2, 3, 2}));
+    const auto* values = reinterpret_cast<const float*>(writer.buffers[0].data());
+    for (int i = 0; i < 12; ++i)
+      EXPECT_EQ(values[i], static_cast<float>(100 * sample + i)) << sample << " " << i;
+  }
+}
+
 TEST(NpySourceTest, HiddenFilesOfADirectoryAreNotSamples) {
   // As glob("dir/*.npy") lists it: a hidden backup and the AppleDouble file a
   // macOS copy leaves (not a .npy at all) sort first, and were read as samples.
