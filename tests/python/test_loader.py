@@ -192,7 +192,7 @@ def test_a_folder_of_npy_files_reads_as_numpy_loads_sorted_glob(tmp_path):
     loader = ll.Loader(ll.NpySource(tmp_path, name="x"), batch_size=4, output="numpy")
     got = [row for batch in loader for row in batch["x"]]
     assert len(got) == len(expected) == 6
-    for row, reference in zip(got, expected):
+    for row, reference in zip(got, expected, strict=True):
         assert row.dtype == reference.dtype and row.shape == reference.shape
         assert row.tobytes() == np.ascontiguousarray(reference).tobytes()
 
