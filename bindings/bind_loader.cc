@@ -65,6 +65,13 @@ void bind_loader(nb::module_& m) {
              uintptr_t stream) -> nb::object {
             const OutputFramework framework = parse_output_framework(output);
             Batch batch;
+            const auto warn = [](const std::vector<Warning>& warnings) {
+              for (const Warning& warning : warnings) {
+                if (PyErr_WarnEx(warning_category(warning.kind), warning.message.c_str(), 2) != 0) {
+                  throw nb::python_error();
+                }
+              }
+            };
             while (true) {
               EpochIterator::Status status;
               {
@@ -73,14 +80,13 @@ void bind_loader(nb::module_& m) {
                                          : self.next(batch, kSignalCheckInterval);
               }
               if (status == EpochIterator::Status::kBatch) break;
-              if (status == EpochIterator::Status::kEnd) return nb::none();
+              if (status == EpochIterator::Status::kEnd) {
+                warn(self.take_warnings());
+                return nb::none();
+              }
               if (PyErr_CheckSignals() != 0) throw nb::python_error();
             }
-            for (const Warning& warning : batch.warnings) {
-              if (PyErr_WarnEx(warning_category(warning.kind), warning.message.c_str(), 2) != 0) {
-                throw nb::python_error();
-              }
-            }
+            warn(batch.warnings);
             nb::dict out = batch_to_dict(source, batch, framework);
             return nb::make_tuple(out, nb::cast(batch.indices));
           },

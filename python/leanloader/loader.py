@@ -121,8 +121,9 @@ class Loader:
     ``output``: ``"torch"`` (default when torch is installed) or ``"numpy"``.
     ``collate``: ``"stack"`` (one tensor per field) or ``"list"`` (one tensor per
     sample, for samples of different shapes). ``on_error``: ``"raise"`` or
-    ``"skip"`` (bad samples are dropped and reported at the end of the epoch;
-    more than ``max_skip_fraction`` of the epoch raises).
+    ``"skip"`` (bad samples are dropped and reported at the end of the epoch, a
+    batch left with none is not delivered; more than ``max_skip_fraction`` of
+    the epoch raises).
 
     ``prefetch``: the most batches prepared ahead of the one delivered. The
     loader starts one batch ahead (with the batch the loop holds: two slots

@@ -10,6 +10,8 @@ EpochIterator::Status EpochIterator::next(Batch& out, std::chrono::milliseconds 
   return run_->next(out, timeout);
 }
 
+std::vector<Warning> EpochIterator::take_warnings() { return run_->take_warnings(); }
+
 uint64_t EpochIterator::epoch() const { return run_->epoch(); }
 
 std::vector<SkippedSample> EpochIterator::skipped() const { return run_->skipped(); }

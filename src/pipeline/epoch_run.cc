@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstring>
 #include <limits>
+#include <utility>
 
 #include "io/streaming_copy.h"
 #include "leanloader/core/checked_size.h"
@@ -528,6 +529,27 @@ void EpochRun::build_listed(BatchState& state, Batch& result) {
 }
 
 EpochIterator::Status EpochRun::next(Batch& out, std::chrono::milliseconds timeout) {
+  while (true) {
+    const EpochIterator::Status status = next_in_order(out, timeout);
+    // Every batch is planned with at least one row, so one without indices
+    // had all of them skipped: an empty batch would reach the model (a loss
+    // averaged over no samples is NaN), so the pass moves on.
+    if (status != EpochIterator::Status::kBatch || !out.indices.empty()) {
+      if (status == EpochIterator::Status::kBatch && !carried_warnings_.empty()) {
+        out.warnings.insert(out.warnings.begin(), carried_warnings_.begin(),
+                            carried_warnings_.end());
+        carried_warnings_.clear();
+      }
+      return status;
+    }
+    carried_warnings_.insert(carried_warnings_.end(), out.warnings.begin(), out.warnings.end());
+    out = Batch{};
+  }
+}
+
+std::vector<Warning> EpochRun::take_warnings() { return std::exchange(carried_warnings_, {}); }
+
+EpochIterator::Status EpochRun::next_in_order(Batch& out, std::chrono::milliseconds timeout) {
   if (::getpid() != owner_pid_) {
     throw Error("this iteration was started in process " + std::to_string(owner_pid_) +
                 " and cannot continue in a forked child (its worker threads exist only in the "

@@ -75,7 +75,14 @@ class EpochRun final : public Job {
   void work(int worker) noexcept override;
   void cancel() noexcept override;
 
+  // The next batch in order. A batch whose every row was skipped
+  // (on_error=skip) is not delivered: the pass goes on to the next one, and
+  // its warnings go with the next batch delivered (or to take_warnings() at
+  // the end). Called by the one consumer.
   EpochIterator::Status next(Batch& out, std::chrono::milliseconds timeout);
+  // Warnings of skipped-whole batches that no later batch carried (the pass
+  // ended after them); empties the list.
+  std::vector<Warning> take_warnings();
   uint64_t epoch() const noexcept { return plan_.epoch; }
   std::vector<SkippedSample> skipped() const;
   uint64_t skipped_count() const noexcept { return skipped_count_.load(); }
@@ -130,6 +137,7 @@ class EpochRun final : public Job {
   int64_t index_at(int64_t position) const;
   void record_failure(BatchState& state, int64_t row, SampleError error);
   void finalize(BatchState& state);
+  EpochIterator::Status next_in_order(Batch& out, std::chrono::milliseconds timeout);
   void build_stacked(BatchState& state, const std::shared_ptr<Storage>& slot, Batch& result);
   void build_listed(BatchState& state, Batch& result);
 
@@ -163,7 +171,8 @@ class EpochRun final : public Job {
   int64_t wait_counted_ = -1;  // the batch whose wait the prefetch window was told of
   bool finished_ = false;
   std::vector<SkippedSample> skipped_;
-  RunFailure run_failure_;  // guarded by mutex_
+  RunFailure run_failure_;                 // guarded by mutex_
+  std::vector<Warning> carried_warnings_;  // the consumer's (next), of batches not delivered
 };
 
 }  // namespace leanloader::detail

@@ -161,6 +161,21 @@ def test_skip_reports_bad_samples_at_epoch_end(tmp_path):
         list(too_many)
 
 
+def test_a_batch_whose_every_sample_was_skipped_is_not_delivered(tmp_path):
+    # An empty batch reached the training step (a mean over no samples is NaN).
+    write_sample_dir(tmp_path / "s", 12, bad={4, 5, 6, 7})
+    loader = ll.Loader(
+        ll.NpySource(tmp_path / "s"),
+        batch_size=4,
+        on_error="skip",
+        max_skip_fraction=0.5,
+        output="numpy",
+    )
+    with pytest.warns(RuntimeWarning, match=r"skipped 4 bad sample"):
+        batches = [batch["s"][:, 0].tolist() for batch in loader]
+    assert batches == [[0, 1, 2, 3], [8, 9, 10, 11]]
+
+
 def test_list_collate_for_variable_length_files(tmp_path):
     paths = []
     for i in range(10):

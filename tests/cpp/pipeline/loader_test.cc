@@ -255,6 +255,59 @@ TEST(LoaderTest, SkipDropsBadSamplesAndCountsThem) {
   EXPECT_EQ(loader.stats().samples_skipped, 2u);
 }
 
+// Samples 4-7 and 12-15 warn, then fail: with batches of 4, two whole
+// batches of bad samples.
+class HalfBadSource final : public Source {
+ public:
+  int64_t size() const override { return 16; }
+  const std::vector<FieldSpec>& fields() const override { return fields_; }
+  void read_sample(int64_t index, SampleWriter& writer) const override {
+    if ((index / 4) % 2 == 1) {
+      writer.warn(Warning("sample " + std::to_string(index) + " warns"));
+      throw FormatError("sample " + std::to_string(index) + " is bad");
+    }
+    std::span<std::byte> row = writer.field_buffer(0, *fields_[0].shape);
+    *reinterpret_cast<int32_t*>(row.data()) = static_cast<int32_t>(index);
+  }
+  std::string describe() const override { return "HalfBadSource"; }
+  std::string sample_location(int64_t index) const override { return std::to_string(index); }
+  size_t estimated_sample_bytes() const override { return 4; }
+
+ private:
+  std::vector<FieldSpec> fields_{{"x", DType::kI32, Shape{}}};
+};
+
+TEST(LoaderTest, ABatchWhoseEverySampleWasSkippedIsNotDelivered) {
+  // An empty batch reached the consumer (a loss averaged over no samples is
+  // NaN). It is passed over; its warnings come with the next batch, or at
+  // the end of the pass.
+  LoaderOptions o = options(4, false, 2);
+  o.on_error = OnError::kSkip;
+  o.max_skip_fraction = 0.5;
+  Loader loader(std::make_shared<HalfBadSource>(), o);
+  auto iterator = loader.iterate();
+  Batch batch;
+  std::vector<std::vector<int64_t>> indices;
+  std::vector<size_t> warnings;
+  while (iterator->next(batch, 10s) == EpochIterator::Status::kBatch) {
+    indices.push_back(batch.indices);
+    warnings.push_back(batch.warnings.size());
+  }
+  EXPECT_EQ(indices, (std::vector<std::vector<int64_t>>{{0, 1, 2, 3}, {8, 9, 10, 11}}));
+  EXPECT_EQ(warnings, (std::vector<size_t>{0, 4}));
+  const std::vector<Warning> left = iterator->take_warnings();
+  ASSERT_EQ(left.size(), 4u);
+  std::set<std::string> messages;
+  for (const Warning& warning : left) messages.insert(warning.message);
+  EXPECT_EQ(messages, (std::set<std::string>{"sample 12 warns", "sample 13 warns",
+                                             "sample 14 warns", "sample 15 warns"}));
+  EXPECT_TRUE(iterator->take_warnings().empty());
+  EXPECT_EQ(iterator->skipped_count(), 8u);
+  // The passed-over batches count as delivered: a state saved now is at the
+  // pass's end, not before its last batch.
+  EXPECT_EQ(loader.stats().batches_delivered, 4u);
+}
+
 TEST(LoaderTest, SkipRaisesPastMaxSkipFraction) {
   TempDir dir;
   LoaderOptions o = options(10, false, 2);
