@@ -32,6 +32,7 @@ from torch.utils.data import (  # noqa: E402
     Dataset,
     IterableDataset,
     RandomSampler,
+    Sampler,
     SequentialSampler,
     get_worker_info,
 )
@@ -506,6 +507,73 @@ def _drain(iterator, calls: int) -> list:
         except Exception as error:
             out.append(f"{type(error).__name__}: {str(error)[:36]}")
     return out
+
+
+class EagerSampler(Sampler):
+    """Draws its order in __iter__ itself (not a generator function), as a
+    sampler written ``return iter(torch.randperm(n).tolist())`` does."""
+
+    def __iter__(self):
+        return iter(torch.randperm(8).tolist())
+
+    def __len__(self):
+        return 8
+
+
+class EagerBatchSampler(Sampler):
+    def __iter__(self):
+        order = torch.randperm(8).tolist()
+        return iter([order[:3], order[3:6], order[6:]])
+
+    def __len__(self):
+        return 3
+
+
+@pytest.mark.parametrize(("workers", "mode"), [(0, None), (2, "thread"), (2, "process")])
+def test_a_sampler_drawing_in_iter_gives_torchs_order(workers, mode):
+    """torch calls iter(sampler) before drawing its base seed, and a worker
+    iterator calls it again at the end of its __init__: a sampler drawing in
+    __iter__ draws there. Ours drew at the first index, after the base seed
+    (another order for the same torch.manual_seed), and once with workers."""
+
+    def run(make):
+        torch.manual_seed(0)
+        order = [int(x) for x in make(list(range(8)), sampler=EagerSampler(), batch_size=None)]
+        batches = [b.tolist() for b in make(list(range(8)), batch_sampler=EagerBatchSampler())]
+        return order, batches, torch.randint(0, 1 << 30, (1,)).item()
+
+    extra = {"num_workers": workers} | ({"worker_mode": mode} if mode else {})
+    ours = run(functools.partial(ll.DataLoader, **extra))
+    theirs = run(functools.partial(_torch, num_workers=workers))
+    assert ours == theirs
+
+
+def _first_error_line(make, dataset, **kwargs):
+    try:
+        list(make(dataset, num_workers=1, **kwargs))
+    except Exception as error:
+        return type(error).__name__, str(error).splitlines()[0]
+    return None
+
+
+@pytest.mark.parametrize("mode", ["process", "thread"])
+def test_errors_of_c_level_datasets_and_callables_read_as_torchs(mode):
+    """A list or a tensor as the dataset, or a worker_init_fn that is not
+    callable, raises from C code, with no frame of its own: the error was
+    taken for leanloader's and re-raised bare ("list index out of range")
+    where torch says "Caught IndexError in DataLoader worker process 0."."""
+    cases = [
+        ([10, 11, 12], dict(sampler=[0, 5], batch_size=2)),
+        (torch.arange(4), dict(sampler=[0, 9], batch_size=2)),
+        ([1, 2], dict(worker_init_fn=5)),
+    ]
+    for dataset, kwargs in cases:
+        theirs = _first_error_line(_torch, dataset, **kwargs)
+        ours = _first_error_line(
+            functools.partial(ll.DataLoader, worker_mode=mode), dataset, **kwargs
+        )
+        assert theirs is not None and theirs[1].startswith("Caught ")
+        assert ours == (theirs[0], theirs[1].replace(" process ", f" {mode} ")), kwargs
 
 
 @pytest.mark.parametrize("mode", ["thread", "process"])

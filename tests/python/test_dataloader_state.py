@@ -14,7 +14,7 @@ import textwrap
 import pytest
 
 torch = pytest.importorskip("torch")
-from torch.utils.data import Dataset, DistributedSampler, IterableDataset  # noqa: E402
+from torch.utils.data import Dataset, DistributedSampler, IterableDataset, Sampler  # noqa: E402
 
 import leanloader as ll  # noqa: E402
 
@@ -103,6 +103,37 @@ def test_resume_gives_the_rest_of_the_pass(workers, seeded, stops):
             assert rest == first_pass[k:], k
         elif seeded:  # a complete pass: the next one, drawn from the saved generator
             assert rest == second_pass
+
+
+class EagerSampler(Sampler):
+    """Draws its order from torch's global RNG in __iter__ itself (not a
+    generator function): the draw happens at iter(loader), as in torch."""
+
+    def __iter__(self):
+        return iter(torch.randperm(13).tolist())
+
+    def __len__(self):
+        return 13
+
+
+@pytest.mark.parametrize("kw", [dict(num_workers=0), dict(num_workers=2, worker_mode="thread")])
+def test_resume_when_the_sampler_draws_in_iter(kw):
+    def make():
+        return ll.DataLoader(list(range(13)), sampler=EagerSampler(), batch_size=None, **kw)
+
+    torch.manual_seed(1)
+    first_pass = [int(x) for x in make()]
+    for k in (1, 6):
+        torch.manual_seed(1)
+        run = make()
+        iterator = iter(run)
+        assert [int(next(iterator)) for _ in range(k)] == first_pass[:k]
+        state = pickle.loads(pickle.dumps(run.state_dict()))
+        del iterator
+        torch.manual_seed(99)  # the resumed process's global RNG is elsewhere
+        resumed = make()
+        resumed.load_state_dict(state)
+        assert [int(x) for x in resumed] == first_pass[k:], k
 
 
 @pytest.mark.parametrize("kw", [dict(num_workers=0), dict(num_workers=2, worker_mode="thread")])

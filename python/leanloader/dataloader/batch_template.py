@@ -12,6 +12,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
+from leanloader.dataloader.protocol import sample_of
 from leanloader.dataloader.segments import NUMPY_TO_NAME
 
 ALIGNMENT = 64
@@ -596,7 +597,7 @@ class StreamedFetch:
         (segment, base offset, finish) to write to; finish(template) makes
         the payload, discard() gives up the destination."""
         dataset = self.dataset
-        sample = dataset[indices[0]]
+        sample = sample_of(dataset, indices[0])
         batch_size = len(indices)
         layout = _SlotLayout()
         try:
@@ -604,7 +605,7 @@ class StreamedFetch:
         except _NotStackable:
             skeleton = None
         if skeleton is None or layout.used == 0:
-            samples = [sample, *(dataset[i] for i in indices[1:])]
+            samples = [sample, *(sample_of(dataset, i) for i in indices[1:])]
             return UncollatedBatch(samples, self.collate, self.whole)
         target = destination(layout.used)
         segment, base = target.segment, target.base
@@ -620,13 +621,13 @@ class StreamedFetch:
                 samples = [_rebuild_sample(skeleton, i, segment, base) for i in range(position)]
                 target.discard()
                 samples.append(sample)
-                samples.extend(dataset[i] for i in indices[position + 1 :])
+                samples.extend(sample_of(dataset, i) for i in indices[position + 1 :])
                 return UncollatedBatch(samples, self.collate, self.whole)
             del sample
             position += 1
             if position == batch_size:
                 break
-            sample = dataset[indices[position]]
+            sample = sample_of(dataset, indices[position])
         watch.copy_shared_rows(put)
         template = _row_template(skeleton, batch_size, self.collate, put, self.torch_names)
         return target.finish(template)

@@ -52,6 +52,7 @@ from leanloader.dataloader.seeding import (
     is_datapipe,
 )
 from leanloader.dataloader.sharing import PickledAtStart, pickling_error
+from leanloader.dataloader.state import first_sampler_iter
 from leanloader.dataloader.task_sender import TaskSender
 from leanloader.dataloader.worker import rebuild_error, worker_main
 
@@ -117,7 +118,7 @@ class ProcessIterator:
         self._datapipe = is_datapipe(loader.dataset)
         dataset, shared_seed = datapipe_seed(loader, loader.dataset)
         self._index_sampler = loader._index_sampler
-        self._sampler_iter = iter(self._index_sampler)
+        self._sampler_iter = first_sampler_iter(self._index_sampler)
         self._base_seed = draw_base_seed(loader.generator)
         sharding = distributed_settings() if self._datapipe else None
         setup = loader.worker_setup(dataset)
@@ -150,10 +151,12 @@ class ProcessIterator:
             self._send,
         )
         self._start_workers(loader, setup, shared_seed)
+        # torch's _MultiProcessingDataLoaderIter ends its __init__ with
+        # _reset(first_iter=True): a new sampler iterator, then (for an
+        # IterDataPipe) one more shared seed, drawn and applied here only: the
+        # generator moves on as it does in torch.
+        self._sampler_iter = iter(self._index_sampler)
         if self._datapipe:
-            # torch's _MultiProcessingDataLoaderIter ends its __init__ with
-            # _reset(first_iter=True), which draws (and applies here only) one
-            # more shared seed: the generator moves on as it does in torch.
             datapipe_seed(loader, loader.dataset)
         _live_iterators.add(self)
         self._start_epoch()

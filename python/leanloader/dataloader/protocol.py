@@ -30,6 +30,34 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+# --- whose error --------------------------------------------------------------------------
+
+
+def raised_by_user_code(error: BaseException) -> BaseException:
+    """Marks `error` as raised by the dataset, collate_fn or worker_init_fn
+    the machinery called, and returns it: re-raised in torch's form ("Caught
+    IndexError in DataLoader worker process 0."), never as leanloader's own,
+    even when the callable is C code (a list, a tensor) whose error has no
+    frame of its own, only the machinery's line that called it."""
+    try:
+        error._leanloader_raised_by_user_code = True  # type: ignore[attr-defined]
+    except AttributeError:
+        pass  # an exception type without instance attributes: the frames decide
+    return error
+
+
+def was_raised_by_user_code(error: BaseException) -> bool:
+    return bool(getattr(error, "_leanloader_raised_by_user_code", False))
+
+
+def sample_of(dataset: Any, index: Any) -> Any:
+    """dataset[index], its error marked as the dataset's."""
+    try:
+        return dataset[index]
+    except BaseException as error:
+        raise raised_by_user_code(error)  # noqa: B904 - the same error, marked
+
+
 # --- main -> worker -----------------------------------------------------------------------
 
 

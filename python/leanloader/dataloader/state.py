@@ -76,6 +76,22 @@ def _set_rng_state(generator: Any, state: Any) -> None:
         torch.set_rng_state(state)
 
 
+def first_sampler_iter(index_sampler: Any) -> Iterator:
+    """The sampler iterator a worker iterator makes in its __init__ and
+    replaces at the end of it, as torch's _MultiProcessingDataLoaderIter does
+    (its _reset(first_iter=True) calls iter(sampler) again): a sampler whose
+    __iter__ draws draws twice, as in torch, and the pass (and a pending
+    resume) uses the second."""
+    unrecorded = getattr(index_sampler, "unrecorded_iter", None)
+    return unrecorded() if unrecorded is not None else iter(index_sampler)
+
+
+def _same_state(a: Any, b: Any) -> bool:
+    import torch
+
+    return bool(torch.equal(a, b))
+
+
 class _RecordedSampler:
     """The index sampler as seen by one pass: records the RNG state when the
     sampler starts drawing and, for a resumed pass, restores it and skips."""
@@ -86,6 +102,12 @@ class _RecordedSampler:
 
     def __iter__(self) -> Iterator:
         return self._progress.recorded(lambda: iter(self._sampler))
+
+    def unrecorded_iter(self) -> Iterator:
+        """iter() of the sampler, for an iterator torch makes and drops (a
+        worker iterator's first, before its _reset(first_iter=True)): its
+        draws happen as in torch, and a pending resume waits for the next."""
+        return iter(self._sampler)
 
     def __len__(self) -> int:
         return len(self._sampler)  # type: ignore[arg-type]
@@ -140,26 +162,41 @@ class PassProgress:
     def recorded(self, make_iter: Any) -> Iterator:
         resume = self._resume
         self._resume = None
-        return self._recorded(make_iter, resume)
-
-    def _recorded(self, make_iter: Any, resume: dict[str, Any] | None) -> Iterator:
-        # A generator: nothing happens until the pass asks for its first
-        # index, which is when the wrapped sampler would draw.
         generator = self._generator
-        saved_global = None
-        if resume is not None and resume.get("rng_state") is not None:
-            if generator is None:
-                import torch
-
-                saved_global = torch.get_rng_state()
-            _set_rng_state(generator, resume["rng_state"])
-        self.rng_at_start = _rng_state(generator)
+        rng_state = resume.get("rng_state") if resume is not None else None
+        found = _rng_state(generator)
+        if rng_state is not None:
+            _set_rng_state(generator, rng_state)
+        start = _rng_state(generator)
+        # As torch's iterators call iter(sampler) before drawing their base
+        # seed, the sampler's __iter__ runs now: one that is not a generator
+        # function (``return iter(torch.randperm(n).tolist())``) draws here.
         iterator = make_iter()
-        first = next(iterator, _END)  # the sampler draws now
-        if saved_global is not None:
-            import torch
+        if _same_state(_rng_state(generator), start):
+            # Nothing drawn: the sampler draws at the pass's first index.
+            if rng_state is not None:
+                _set_rng_state(generator, found)
+            return self._recorded(iterator, resume, drawn=False)
+        self.rng_at_start = start
+        if rng_state is not None and generator is None:
+            _set_rng_state(None, found)  # the resumed draw done, the global RNG as it was
+        return self._recorded(iterator, resume, drawn=True)
 
-            torch.set_rng_state(saved_global)
+    def _recorded(self, iterator: Iterator, resume: dict[str, Any] | None, drawn: bool) -> Iterator:
+        # A generator: unless the sampler drew in iter() (`drawn`), nothing
+        # happens until the pass asks for its first index, which is when the
+        # wrapped sampler draws.
+        saved_global = None
+        if not drawn:
+            generator = self._generator
+            if resume is not None and resume.get("rng_state") is not None:
+                if generator is None:
+                    saved_global = _rng_state(None)
+                _set_rng_state(generator, resume["rng_state"])
+            self.rng_at_start = _rng_state(generator)
+        first = next(iterator, _END)  # a sampler drawing per pass draws now
+        if saved_global is not None:
+            _set_rng_state(None, saved_global)
         skip = int(resume["batches_yielded"]) if resume is not None else 0
         if skip:
             self.yielded = skip

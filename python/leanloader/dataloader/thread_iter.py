@@ -24,7 +24,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from leanloader.dataloader.front import DataLoader
 
+from leanloader.dataloader.protocol import raised_by_user_code
 from leanloader.dataloader.seeding import draw_base_seed
+from leanloader.dataloader.state import first_sampler_iter
 from leanloader.dataloader.worker import describe_error, rebuild_error
 
 # --- get_worker_info() per thread -----------------------------------------------------------
@@ -143,8 +145,9 @@ def _fetch_in_thread(task: tuple[ThreadWorkers, Any], worker: int) -> Any:
             return workers.collate_fn(dataset.__getitems__(index))
         return workers.collate_fn([dataset[i] for i in index])
     except Exception as error:
+        # Everything above is the dataset's, collate_fn's or worker_init_fn's.
         raise rebuild_error(
-            describe_error(error, f"in DataLoader worker thread {worker}")
+            describe_error(raised_by_user_code(error), f"in DataLoader worker thread {worker}")
         ) from None
     finally:
         _THREAD_INFO.info = None
@@ -167,9 +170,11 @@ class ThreadIterator:
         self._timeout = float(loader.timeout or 0)
         self._in_order = loader.in_order
         self._index_sampler = loader._index_sampler
-        self._sampler_iter = iter(self._index_sampler)
+        self._sampler_iter = first_sampler_iter(self._index_sampler)
         self._base_seed = draw_base_seed(loader.generator)
         self._workers = ThreadWorkers(loader, self._base_seed)
+        # torch's _reset(first_iter=True), before any thread runs user code.
+        self._sampler_iter = iter(self._index_sampler)
         self._pool = _core.PythonTaskPool(loader.num_workers)
         _live_iterators.add(self)
         self._init_tasks = self._workers.start(self._pool)

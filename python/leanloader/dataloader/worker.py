@@ -62,6 +62,8 @@ from leanloader.dataloader.protocol import (
     Offer,
     Pickled,
     Resume,
+    raised_by_user_code,
+    was_raised_by_user_code,
 )
 from leanloader.dataloader.segments import segment_reference, torch_dtype_names
 
@@ -85,6 +87,8 @@ def _raised_by_leanloader(error: BaseException) -> bool:
     own code (a full shared-memory directory, a segment that cannot be made),
     not the dataset's or the collate function's (leanloader functions a
     dataset calls, such as ll.decode_image, count as the dataset's)."""
+    if was_raised_by_user_code(error):
+        return False
     frames = traceback.extract_tb(error.__traceback__)
     return bool(frames) and os.path.abspath(frames[-1].filename).startswith(_MACHINERY_DIR + os.sep)
 
@@ -306,7 +310,10 @@ def worker_main(
             apply_sharding(setup.dataset, num_workers * world_size, worker_id * world_size + rank)
         reached_init = True
         if setup.worker_init_fn is not None:
-            setup.worker_init_fn(worker_id)
+            try:
+                setup.worker_init_fn(worker_id)
+            except BaseException as error:
+                raise raised_by_user_code(error)  # noqa: B904 - the same error, marked
 
         fetcher = make_fetcher()
         if (
