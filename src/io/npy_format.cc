@@ -72,6 +72,15 @@ class HeaderDictParser {
   [[noreturn]] void fail(const std::string& what) const {
     throw FormatError("'" + path_ + "': not a valid .npy header: " + what);
   }
+  // A valid header describing data leanloader does not read.
+  [[noreturn]] void unsupported(const std::string& what) const {
+    throw FormatError("'" + path_ + "': " + what);
+  }
+  [[noreturn]] void unsupported_descr(const std::string& descr) const {
+    unsupported("dtype '" + descr +
+                "' is not one leanloader reads: it reads the codes np.save writes for "
+                "bool, integers, float16/32/64 and complex64/128 ('<f4', '|u1', '<c16', ...)");
+  }
 
   char peek() const { return pos_ < text_.size() ? text_[pos_] : '\0'; }
 
@@ -151,16 +160,14 @@ class HeaderDictParser {
   }
 
   DType parse_descr(const std::string& descr) const {
-    if (descr.size() < 3) fail("unsupported dtype '" + descr + "'");
+    if (descr.size() < 3) unsupported_descr(descr);
     const char order = descr[0];
     const std::string_view code = std::string_view(descr).substr(1);
     if (order == '>' && code != "u1" && code != "i1" && code != "b1") {
-      fail("big-endian dtype '" + descr +
-           "' is not supported; convert with arr.astype(arr.dtype.newbyteorder('<'))");
+      unsupported("big-endian dtype '" + descr +
+                  "' is not supported; convert with arr.astype(arr.dtype.newbyteorder('<'))");
     }
-    if (order != '<' && order != '|' && order != '=' && order != '>') {
-      fail("unsupported dtype '" + descr + "'");
-    }
+    if (order != '<' && order != '|' && order != '=' && order != '>') unsupported_descr(descr);
     struct Entry {
       std::string_view code;
       DType dtype;
@@ -174,7 +181,7 @@ class HeaderDictParser {
     for (const auto& entry : kCodes) {
       if (entry.code == code) return entry.dtype;
     }
-    fail("unsupported dtype '" + descr + "'");
+    unsupported_descr(descr);
   }
 
   std::string_view text_;
@@ -207,7 +214,14 @@ NpyHeader parse_npy_header(std::span<const std::byte> bytes, const std::string& 
   if (bytes.size() < 8 + length_bytes) throw FormatError("'" + path + "': truncated .npy header");
   const size_t header_length = read_le(bytes.data() + 8, length_bytes);
   const size_t data_offset = 8 + length_bytes + header_length;
-  if (header_length > kNpyMaxHeaderBytes || bytes.size() < data_offset) {
+  if (header_length > kNpyMaxHeaderBytes) {
+    // numpy refuses headers over 10,000 bytes unless np.load is given
+    // max_header_size=; ours reads up to 64 KiB.
+    throw FormatError("'" + path + "': .npy header of " + std::to_string(header_length) +
+                      " bytes is longer than the 64 KiB leanloader reads (np.load reads it "
+                      "only with max_header_size=); save the array again with np.save");
+  }
+  if (bytes.size() < data_offset) {
     throw FormatError("'" + path + "': .npy header of " + std::to_string(header_length) +
                       " bytes runs past the end of the file");
   }

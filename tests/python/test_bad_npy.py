@@ -128,3 +128,33 @@ def test_an_array_rewritten_while_loading_is_an_error_not_a_crash(tmp_path, row_
         f"exit {result.returncode}\nstdout: {result.stdout}\nstderr: {result.stderr[-2000:]}"
     )
     assert "FormatError:" in result.stdout and str(path) in result.stdout, result.stdout
+
+
+def test_valid_headers_leanloader_does_not_read_are_refused_naming_the_cause(tmp_path):
+    """Files numpy reads (some only with max_header_size=) that we refuse: the
+    message names why, not "runs past the end of the file" or "not a valid
+    .npy header"."""
+    import numpy as np
+
+    import leanloader as ll
+
+    long_header = b"{'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }"
+    long_header += b" " * 70000 + b"\n"
+    data = np.arange(12, dtype="<f4").tobytes()
+    cases = {
+        "long_header": (
+            b"\x93NUMPY\x02\x00" + struct.pack("<I", len(long_header)) + long_header + data,
+            "longer than the 64 KiB leanloader reads",
+        ),
+        "big_endian": (npy_bytes(">f4", False, (3, 4)) + data, "big-endian dtype '>f4'"),
+        "dtype_name": (npy_bytes("float32", False, (3, 4)) + data, "dtype 'float32' is not one"),
+    }
+    for name, (contents, cause) in cases.items():
+        path = tmp_path / f"{name}.npy"
+        path.write_bytes(contents)
+        assert np.load(path, max_header_size=10**6).shape == (3, 4)  # numpy reads each
+        with pytest.raises(ll.FormatError) as caught:
+            ll.NpySource(path)
+        message = str(caught.value)
+        assert str(path) in message and cause in message, message
+        assert "not a valid" not in message and "past the end" not in message, message
