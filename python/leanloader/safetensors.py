@@ -6,7 +6,9 @@ file (pages stay in the shared page cache; writing into a tensor touches a priva
 copy of that page only). ``save_safetensors`` mirrors ``save_file`` and writes
 atomically: a crash leaves the old file or the new one, never a partial one.
 
-Files are validated as strictly as the reference reader; a malformed file raises
+Files are validated as strictly as the reference reader, and a name (of a tensor,
+``__metadata__`` or a metadata key) given twice, which the reference resolves by
+keeping the last, is refused as ambiguous (``DuplicateKey``); a malformed file raises
 ``leanloader.FormatError`` whose message names the file and the rule, e.g.
 ``'/x/a.safetensors': MetadataIncompleteBuffer: ...``.
 """
