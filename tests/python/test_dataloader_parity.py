@@ -625,6 +625,8 @@ BAD_ARGUMENTS = {
     "context-of-wrong-type": dict(num_workers=1, multiprocessing_context=3),
     "iterable-with-shuffle": dict(dataset=Uneven(), shuffle=True),
     "iterable-with-sampler": dict(dataset=Uneven(), sampler=[0]),
+    "workers-none": dict(num_workers=None),
+    "workers-string": dict(num_workers="2"),
 }
 
 
@@ -637,6 +639,16 @@ def test_constructor_errors_are_torchs(name):
     with pytest.raises(Exception) as ours:
         ll.DataLoader(dataset, **kwargs)
     assert type(ours.value) is type(want.value)
+    assert str(ours.value) == str(want.value)
+
+
+def test_a_generator_that_is_not_one_fails_as_in_torch():
+    # torch's TypeError from random_(generator=5), not an AttributeError of ours
+    with pytest.raises(Exception) as want:
+        list(torch.utils.data.DataLoader(Numbers(), shuffle=True, generator=5))
+    with pytest.raises(Exception) as ours:
+        list(ll.DataLoader(Numbers(), shuffle=True, generator=5))
+    assert type(ours.value) is type(want.value) is TypeError
     assert str(ours.value) == str(want.value)
 
 

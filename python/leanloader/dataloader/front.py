@@ -93,7 +93,8 @@ class DataLoader(_TorchDataLoader[_T_co]):
         # None: what ll.install(**options) set (dataloader/options.py), else
         # the documented default.
         worker_mode = option("worker_mode", worker_mode)
-        if num_workers > 0 and worker_mode == "process":
+        # (a num_workers torch refuses reaches its check below first)
+        if isinstance(num_workers, int | float) and num_workers > 0 and worker_mode == "process":
             # (torch refuses a context without workers: an installed start
             # method is for loaders that start processes)
             multiprocessing_context = option("multiprocessing_context", multiprocessing_context)

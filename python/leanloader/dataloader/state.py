@@ -52,13 +52,15 @@ def order_generator(loader: Any) -> Any:
         generator = getattr(sampler, "generator", None)
         if isinstance(generator, torch.Generator):
             return generator
-    return loader.generator
+    # Anything else given as generator= is torch's to refuse when it draws.
+    return loader.generator if isinstance(loader.generator, torch.Generator) else None
 
 
 def _generator_kind(loader: Any) -> str:
-    if order_generator(loader) is not loader.generator:
-        return "sampler"
-    return "loader" if loader.generator is not None else "torch-global"
+    generator = order_generator(loader)
+    if generator is None:
+        return "torch-global"
+    return "loader" if generator is loader.generator else "sampler"
 
 
 def _rng_state(generator: Any) -> Any:
