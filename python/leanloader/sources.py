@@ -64,13 +64,30 @@ def NpySource(
     if isinstance(path, Mapping):
         if name is not None:
             raise ValueError("name= applies to a single path, not a dict of fields")
-        return _core.NpySource.from_arrays([(k, os.fspath(v)) for k, v in path.items()])
-    path = os.fspath(path)
+        return _core.NpySource.from_arrays([(k, _npy_path(v, k)) for k, v in path.items()])
+    path = _npy_path(path)
     if os.path.isdir(path):
         field = name or os.path.basename(os.path.normpath(path)) or "data"
         return _core.NpySource.from_directory(field, path)
     field = name or os.path.splitext(os.path.basename(path))[0]
     return _core.NpySource.from_arrays([(field, path)])
+
+
+def _npy_path(path: Any, field: str | None = None) -> str:
+    """A path NpySource can open, as a str (bytes paths decoded as os.fsdecode does)."""
+    where = f" for field {field!r}" if field is not None else ""
+    if hasattr(path, "__array__") or hasattr(path, "__dlpack__"):
+        raise TypeError(
+            f"NpySource takes paths of .npy files{where}, got an array "
+            f"({type(path).__name__}); for arrays in memory use ll.ArraySource"
+        )
+    try:
+        return os.fsdecode(os.fspath(path))
+    except TypeError:
+        raise TypeError(
+            f"NpySource takes a path to a .npy file or a directory{where}, "
+            f"got {type(path).__name__}"
+        ) from None
 
 
 def FileSource(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> _core.FileSource:

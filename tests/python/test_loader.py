@@ -444,6 +444,18 @@ def test_arguments_of_the_wrong_type_are_named_with_what_was_given():
     assert sorted(int(v) for b in loader for v in b["x"][:, 0]) == [0, 2, 4, 6]
 
 
+def test_npy_source_names_what_it_was_given_instead_of_a_path(tmp_path):
+    # An array where a path goes was "expected str, bytes or os.PathLike";
+    # a bytes path, the binding's signature.
+    with pytest.raises(TypeError, match=r"field 'x'.*got an array \(ndarray\).*ll.ArraySource"):
+        ll.NpySource({"x": np.zeros((2, 2))})
+    with pytest.raises(TypeError, match="got int"):
+        ll.NpySource(3)
+    np.save(tmp_path / "x.npy", np.arange(6, dtype=np.int32).reshape(3, 2))
+    source = ll.NpySource(os.fsencode(tmp_path / "x.npy"))
+    assert len(source) == 3
+
+
 def _evicted(path):
     """Drops the file's pages from the page cache; False where they stay
     (tmpfs keeps every page)."""
