@@ -519,9 +519,9 @@ class ProcessIterator:
                 hint = " (SIGBUS: shared memory ran out)"
             elif code > 0 and worker_id not in self._answered:
                 hint = (
-                    " before answering any task: its error is printed above (spawn re-imports "
-                    f"{script} in each worker; a script without "
-                    '`if __name__ == "__main__":` fails there, or use worker_mode="thread")'
+                    " before answering any task: its output above says why (if it failed while "
+                    f"starting: spawn re-imports {script} in each worker, and a script without "
+                    '`if __name__ == "__main__":` fails there; or use worker_mode="thread")'
                 )
             raise _Dead(
                 f"{torch_words} leanloader DataLoader worker {worker_id} (pid {process.pid}) "
