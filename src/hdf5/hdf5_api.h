@@ -26,6 +26,7 @@ inline constexpr unsigned kH5FAccRdonly = 0;
 inline constexpr haddr_t kHaddrUndef = ~haddr_t{0};
 inline constexpr int kH5TOrderLe = 0;
 inline constexpr int kH5TSgn2 = 1;
+inline constexpr int kH5TNormImplied = 0;  // IEEE: the mantissa's leading 1 is not stored
 inline constexpr int kH5SSimple = 1;
 inline constexpr int kH5SSelectSet = 0;
 inline constexpr int kH5EWalkDownward = 1;
@@ -110,6 +111,10 @@ struct Hdf5Api {
   int (*t_get_sign)(hid_t);
   herr_t (*t_get_fields)(hid_t, size_t*, size_t*, size_t*, size_t*, size_t*);
   size_t (*t_get_ebias)(hid_t);
+  int (*t_get_norm)(hid_t);  // H5T_norm_t: kH5TNormImplied, ...
+  herr_t (*t_set_norm)(hid_t, int);
+  herr_t (*t_set_size)(hid_t, size_t);
+  herr_t (*t_get_member_value)(hid_t, unsigned, void*);
   hid_t (*t_get_super)(hid_t);
   int (*t_get_nmembers)(hid_t);
   char* (*t_get_member_name)(hid_t, unsigned);

@@ -71,7 +71,11 @@ std::string member_name_locked(hid_t type, unsigned member) {
 struct TypeInfo {
   DType dtype;
   bool little_endian;
-  bool converted;  // n-bit: stored narrower than the tensor's element, H5Dread widens it
+  // Stored otherwise than the tensor's element, H5Dread converts it: n-bit
+  // integers (widened), floats without IEEE's implied mantissa bit, bool
+  // enums over a wider integer.
+  bool converted;
+  const char* conversion = "n-bit ";  // for the reason the library reads it
 };
 
 TypeInfo integer_type(size_t size, bool is_signed, bool little, bool converted,
@@ -92,6 +96,38 @@ TypeInfo integer_type(size_t size, bool is_signed, bool little, bool converted,
 }
 
 TypeInfo classify_type_locked(hid_t type, const std::string& where);
+
+// h5py's bool: an enum of exactly {FALSE: 0, TRUE: 1}, in either order, over
+// an integer of any size and byte order (h5py reads any other enum as its
+// base integer).
+bool is_bool_enum_locked(hid_t type, hid_t base) {
+  const Hdf5Api& api = hdf5_api();
+  const size_t size = api.t_get_size(base);
+  if (api.t_get_nmembers(type) != 2 || size == 0 || size > 8 ||
+      static_cast<H5TClass>(api.t_get_class(base)) != H5TClass::kInteger) {
+    return false;
+  }
+  const bool little = api.t_get_order(base) == kH5TOrderLe;
+  const bool is_signed = api.t_get_sign(base) == kH5TSgn2;
+  for (unsigned member = 0; member < 2; ++member) {
+    unsigned char bytes[8] = {};
+    if (api.t_get_member_value(type, member, bytes) < 0) {
+      api.e_clear2(kH5Default);
+      return false;
+    }
+    int64_t value = 0;
+    for (size_t i = 0; i < size; ++i) {
+      const unsigned char byte = bytes[little ? size - 1 - i : i];  // most significant first
+      value = static_cast<int64_t>(static_cast<uint64_t>(value) << 8 | byte);
+    }
+    if (is_signed && size < 8 && (bytes[little ? size - 1 : 0] & 0x80) != 0) {
+      value -= int64_t{1} << (8 * size);
+    }
+    const std::string name = member_name_locked(type, member);
+    if (!((name == "FALSE" && value == 0) || (name == "TRUE" && value == 1))) return false;
+  }
+  return member_name_locked(type, 0) != member_name_locked(type, 1);
+}
 
 // Complex numbers as h5py reads them: its compound of two IEEE floats of one
 // type and byte order named "r" and "i" (h5py's complex_names; PyTables
@@ -133,7 +169,9 @@ std::optional<TypeInfo> complex_type_locked(hid_t type, H5TClass type_class,
     throw_unless_complex_parts(part_bytes, where);
     const TypeInfo r = classify_type_locked(real.get(), where);
     const TypeInfo i = classify_type_locked(imaginary.get(), where);
-    if (r.dtype != i.dtype || r.little_endian != i.little_endian) return std::nullopt;
+    if (r.dtype != i.dtype || r.little_endian != i.little_endian || r.converted != i.converted) {
+      return std::nullopt;
+    }
     part = r;
   } else if (type_class == H5TClass::kComplex) {
     const Id base(api.t_get_super(type), api.t_close);
@@ -145,6 +183,12 @@ std::optional<TypeInfo> complex_type_locked(hid_t type, H5TClass type_class,
     part = classify_type_locked(base.get(), where);
   } else {
     return std::nullopt;
+  }
+  if (part->converted) {
+    // Its parts' bits are not IEEE's; a compound's conversion is not one
+    // HDF5Source asks of H5Dread.
+    throw InvalidArgument(where + " has complex elements of " + std::string(part->conversion) +
+                          "floats, which cannot become a tensor");
   }
   if (part->dtype == DType::kF32) return TypeInfo{DType::kC64, part->little_endian, false};
   if (part->dtype == DType::kF64) return TypeInfo{DType::kC128, part->little_endian, false};
@@ -178,19 +222,27 @@ TypeInfo classify_type_locked(hid_t type, const std::string& where) {
       return sign_pos == s && exp_pos == ep && exp_size == es && mant_pos == 0 && mant_size == ms &&
              bias == b && api.t_get_offset(type) == 0;
     };
-    if (size == 2 && fields_are(15, 10, 5, 10, 15)) return {DType::kF16, little, false};
-    if (size == 2 && fields_are(15, 7, 8, 7, 127)) return {DType::kBF16, little, false};
-    if (size == 4 && fields_are(31, 23, 8, 23, 127)) return {DType::kF32, little, false};
-    if (size == 8 && fields_are(63, 52, 11, 52, 1023)) return {DType::kF64, little, false};
+    // IEEE's layout, but with the mantissa's leading bit stored (or any norm
+    // but IEEE's implied one): the bits are not IEEE's, H5Dread converts them.
+    const bool implied = api.t_get_norm(type) == kH5TNormImplied;
+    auto ieee = [&](DType dtype) -> TypeInfo {
+      if (implied) return {dtype, little, false};
+      return {dtype, little, true, "non-IEEE-normalised "};
+    };
+    if (size == 2 && fields_are(15, 10, 5, 10, 15)) return ieee(DType::kF16);
+    if (size == 2 && fields_are(15, 7, 8, 7, 127)) return ieee(DType::kBF16);
+    if (size == 4 && fields_are(31, 23, 8, 23, 127)) return ieee(DType::kF32);
+    if (size == 8 && fields_are(63, 52, 11, 52, 1023)) return ieee(DType::kF64);
     return cannot("non-IEEE " + std::to_string(size * 8) + "-bit float");
   }
   if (type_class == H5TClass::kEnum) {
     Id base(api.t_get_super(type), api.t_close);
     if (!base.ok()) return cannot("enum");
-    // h5py stores bool as an 8-bit enum {FALSE = 0, TRUE = 1}.
-    if (api.t_get_size(base.get()) == 1 && api.t_get_nmembers(type) == 2 &&
-        member_name_locked(type, 0) == "FALSE" && member_name_locked(type, 1) == "TRUE") {
-      return {DType::kBool, true, false};
+    if (is_bool_enum_locked(type, base.get())) {
+      // Bytes of 0 and 1 as stored when the base is one byte; else H5Dread
+      // converts the values to a one-byte integer.
+      const bool one_byte = api.t_get_size(base.get()) == 1;
+      return {DType::kBool, true, !one_byte, "bool enum over a wider integer, "};
     }
     return classify_type_locked(base.get(), where);
   }
@@ -297,6 +349,17 @@ hid_t LibraryHandles::dataset(const Hdf5Dataset& owner) {
   return open_.front().dataset;
 }
 
+void LibraryHandles::close_all() noexcept {
+  if (::getpid() != owner_pid_) return;
+  try {
+    Hdf5Lock lock;
+    for (const Open& open : open_) close(open);
+    open_.clear();
+  } catch (...) {
+    // No library loaded: nothing was opened.
+  }
+}
+
 void LibraryHandles::forget(const Hdf5Dataset* owner) {
   for (auto it = open_.begin(); it != open_.end(); ++it) {
     if (it->owner == owner) {
@@ -375,10 +438,14 @@ void Hdf5Dataset::describe_locked(hid_t, hid_t dset) {
   Id base(is_enum ? api.t_get_super(type.get()) : api.t_copy(type.get()), api.t_close);
   Id mem_type(base.ok() ? api.t_copy(base.get()) : -1, api.t_close);
   if (!mem_type.ok()) throw FormatError(here + ": " + hdf5_error_stack_locked());
+  const bool is_float = static_cast<H5TClass>(api.t_get_class(mem_type.get())) == H5TClass::kFloat;
   const bool typed =
       (info.little_endian || api.t_set_order(mem_type.get(), kH5TOrderLe) >= 0) &&
-      (!info.converted || (api.t_set_offset(mem_type.get(), 0) >= 0 &&
-                           api.t_set_precision(mem_type.get(), element_size * 8) >= 0));
+      (!info.converted || is_float ||
+       (api.t_set_size(mem_type.get(), element_size) >= 0 &&
+        api.t_set_offset(mem_type.get(), 0) >= 0 &&
+        api.t_set_precision(mem_type.get(), element_size * 8) >= 0)) &&
+      (!info.converted || !is_float || api.t_set_norm(mem_type.get(), kH5TNormImplied) >= 0);
   if (!typed) {
     throw FormatError(here + ": HDF5 cannot describe its values in this machine's byte order (" +
                       hdf5_error_stack_locked() + ")");
@@ -399,7 +466,7 @@ void Hdf5Dataset::describe_locked(hid_t, hid_t dset) {
     return;
   }
   if (!info.little_endian || info.converted) {
-    library_reason = (info.converted ? std::string("n-bit ") : std::string("big-endian ")) +
+    library_reason = (info.converted ? std::string(info.conversion) : std::string("big-endian ")) +
                      std::string(dtype_name(dtype)) + " is converted by H5Dread";
     return;
   }

@@ -43,6 +43,9 @@ class LibraryHandles {
   // library's cause when the file no longer opens.
   hid_t dataset(const Hdf5Dataset& owner);
   void forget(const Hdf5Dataset* owner);
+  // Closes every open file; the next dataset() opens its file again. Takes
+  // the HDF5 lock.
+  void close_all() noexcept;
 
  private:
   struct Open {

@@ -113,6 +113,10 @@ std::string fill_table(void* handle, Hdf5Api& api) {
   resolve(handle, "H5Tget_sign", api.t_get_sign, missing);
   resolve(handle, "H5Tget_fields", api.t_get_fields, missing);
   resolve(handle, "H5Tget_ebias", api.t_get_ebias, missing);
+  resolve(handle, "H5Tget_norm", api.t_get_norm, missing);
+  resolve(handle, "H5Tset_norm", api.t_set_norm, missing);
+  resolve(handle, "H5Tset_size", api.t_set_size, missing);
+  resolve(handle, "H5Tget_member_value", api.t_get_member_value, missing);
   resolve(handle, "H5Tget_super", api.t_get_super, missing);
   resolve(handle, "H5Tget_nmembers", api.t_get_nmembers, missing);
   resolve(handle, "H5Tget_member_name", api.t_get_member_name, missing);

@@ -186,6 +186,8 @@ std::shared_ptr<const Source> HDF5Source::snapshot() const {
 
 void HDF5Source::check_unchanged() const { files_unchanged(/*or_throw=*/true); }
 
+void HDF5Source::pass_ended() const noexcept { files_->library.close_all(); }
+
 void HDF5Source::read_sample(int64_t index, SampleWriter& writer) const {
   if (::getpid() != owner_pid_) {
     throw Error("this HDF5Source was opened in process " + std::to_string(owner_pid_) +

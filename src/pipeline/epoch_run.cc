@@ -176,8 +176,14 @@ EpochRun::~EpochRun() {
   }
 }
 
+void EpochRun::tell_source_pass_ended() noexcept {
+  if (!source_told_of_end_.exchange(true)) plan_.source->pass_ended();
+}
+
 void EpochRun::cancel() noexcept {
   if (::getpid() != owner_pid_) return;  // a forked child: the parent's run is not ours
+  // Workers still reading (a pass left early) reopen what the source closes.
+  tell_source_pass_ended();
   {
     std::lock_guard lock(mutex_);
     cancelled_ = true;
@@ -559,6 +565,9 @@ EpochIterator::Status EpochRun::next_in_order(Batch& out, std::chrono::milliseco
   std::unique_lock lock(mutex_);
   if (finished_ || delivered_ >= plan_.num_batches) {
     finished_ = true;
+    lock.unlock();
+    // Every batch was assembled: no read of this pass is left.
+    tell_source_pass_ended();
     return EpochIterator::Status::kEnd;
   }
   BatchState& state = ring_[static_cast<size_t>(delivered_ % plan_.prefetch)];

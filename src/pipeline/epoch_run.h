@@ -171,8 +171,10 @@ class EpochRun final : public Job {
   int64_t wait_counted_ = -1;  // the batch whose wait the prefetch window was told of
   bool finished_ = false;
   std::vector<SkippedSample> skipped_;
-  RunFailure run_failure_;                 // guarded by mutex_
-  std::vector<Warning> carried_warnings_;  // the consumer's (next), of batches not delivered
+  RunFailure run_failure_;                       // guarded by mutex_
+  std::vector<Warning> carried_warnings_;        // the consumer's (next), of batches not delivered
+  std::atomic<bool> source_told_of_end_{false};  // Source::pass_ended called
+  void tell_source_pass_ended() noexcept;
 };
 
 }  // namespace leanloader::detail

@@ -173,7 +173,39 @@ def write_h5py(d):
             dcpl=dcpl,
         )
         edge.write(h5py.h5s.ALL, h5py.h5s.ALL, _values("f4", (ROWS, 7)))
-    for name in ("compact", "nbit", "nbit_type_only", "unfiltered_edges"):
+        # IEEE bit fields but the mantissa's leading bit stored (H5T_NORM_NONE):
+        # h5py converts; the bits read as IEEE floats were other numbers.
+        for name, options in (("norm_none", {}), ("norm_none_gzip", {"chunk": (4, 5)})):
+            norm_none = h5py.h5t.IEEE_F32LE.copy()
+            norm_none.set_norm(h5py.h5t.NORM_NONE)
+            dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+            if options:
+                dcpl.set_chunk(options["chunk"])
+                dcpl.set_deflate(4)
+            h5py.h5d.create(
+                f.id, name.encode(), norm_none, h5py.h5s.create_simple((ROWS, 5)), dcpl=dcpl
+            ).write(h5py.h5s.ALL, h5py.h5s.ALL, _values("f4", (ROWS, 5)))
+        # Enums h5py reads as bool (exactly {FALSE: 0, TRUE: 1}, any order and
+        # base integer) and two it reads as integers.
+        flags = _values("u1", (ROWS, 6)) % 2
+        for name, base, members, stored in (
+            ("bool_enum_int32", h5py.h5t.NATIVE_INT32, (("FALSE", 0), ("TRUE", 1)), flags),
+            ("bool_enum_i2_big_endian", h5py.h5t.STD_I16BE, (("FALSE", 0), ("TRUE", 1)), flags),
+            ("bool_enum_true_first", h5py.h5t.NATIVE_UINT8, (("TRUE", 1), ("FALSE", 0)), flags),
+            ("enum_false_true_0_2", h5py.h5t.NATIVE_UINT8, (("FALSE", 0), ("TRUE", 2)), flags * 2),
+            ("enum_false_true_1_0", h5py.h5t.NATIVE_UINT8, (("FALSE", 1), ("TRUE", 0)), flags),
+        ):
+            file_type = h5py.h5t.enum_create(base)
+            memory_type = h5py.h5t.enum_create(h5py.h5t.NATIVE_UINT8)
+            for member, value in members:
+                file_type.enum_insert(member.encode(), value)
+                memory_type.enum_insert(member.encode(), value)
+            h5py.h5d.create(
+                f.id, name.encode(), file_type, h5py.h5s.create_simple((ROWS, 6))
+            ).write(h5py.h5s.ALL, h5py.h5s.ALL, stored.astype("u1"), mtype=memory_type)
+    for name in ("compact", "nbit", "nbit_type_only", "unfiltered_edges", "norm_none",
+                 "norm_none_gzip", "bool_enum_int32", "bool_enum_i2_big_endian",
+                 "bool_enum_true_first", "enum_false_true_0_2", "enum_false_true_1_0"):  # fmt: skip
         add(path, name, f"h5py low-level {name}")
 
     # libver earliest and latest, each with filters; SWMR.

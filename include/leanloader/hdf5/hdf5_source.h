@@ -120,6 +120,10 @@ class HDF5Source final : public Source {
   std::shared_ptr<const Source> snapshot() const override;
   // FormatError naming the first file written since this source opened it.
   void check_unchanged() const override;
+  // Closes the files opened through the HDF5 library (datasets the fast
+  // paths do not read): h5py in this process can then open them for
+  // writing between passes, as it can the files read by pread.
+  void pass_ended() const noexcept override;
 
   // The files of field `field`, in row order.
   std::vector<std::string> files(size_t field) const;

@@ -140,6 +140,12 @@ class Source {
   // longer be read as it was (files written in place). Sources whose
   // snapshots own their bytes never throw.
   virtual void check_unchanged() const {}
+  // Called by a Loader when a pass over this source ends (its last batch
+  // delivered, or the pass cancelled): a source may close what it keeps
+  // open between reads and would reopen on the next (HDF5 files opened
+  // through the library, which h5py in this process could not open for
+  // writing meanwhile).
+  virtual void pass_ended() const noexcept {}
 };
 
 // Index of the field called `name`, or nullopt.

@@ -308,6 +308,50 @@ TEST(LoaderTest, ABatchWhoseEverySampleWasSkippedIsNotDelivered) {
   EXPECT_EQ(loader.stats().batches_delivered, 4u);
 }
 
+// Counts Source::pass_ended calls.
+class PassEndCountingSource final : public Source {
+ public:
+  int64_t size() const override { return 10; }
+  const std::vector<FieldSpec>& fields() const override { return fields_; }
+  void read_sample(int64_t index, SampleWriter& writer) const override {
+    *reinterpret_cast<int32_t*>(writer.field_buffer(0, *fields_[0].shape).data()) =
+        static_cast<int32_t>(index);
+  }
+  std::string describe() const override { return "PassEndCountingSource"; }
+  std::string sample_location(int64_t index) const override { return std::to_string(index); }
+  size_t estimated_sample_bytes() const override { return 4; }
+  void pass_ended() const noexcept override { ++ended; }
+  mutable std::atomic<int> ended{0};
+
+ private:
+  std::vector<FieldSpec> fields_{{"x", DType::kI32, Shape{}}};
+};
+
+TEST(LoaderTest, TheSourceIsToldOnceWhenAPassEnds) {
+  // HDF5Source closes the files it opened through the library then, so that
+  // h5py in the same process can open them for writing between passes.
+  auto source = std::make_shared<PassEndCountingSource>();
+  Loader loader(source, options(3, true, 2));
+  Batch batch;
+  {
+    auto iterator = loader.iterate();
+    int batches = 0;
+    while (iterator->next(batch, 10s) == EpochIterator::Status::kBatch) {
+      EXPECT_EQ(source->ended.load(), 0) << "told before the pass's last batch";
+      ++batches;
+    }
+    EXPECT_EQ(batches, 4);
+    EXPECT_EQ(source->ended.load(), 1);
+    EXPECT_EQ(iterator->next(batch, 1s), EpochIterator::Status::kEnd);
+  }
+  EXPECT_EQ(source->ended.load(), 1);  // once, though the end was seen twice and it was dropped
+  {
+    auto iterator = loader.iterate();  // a pass left after its first batch
+    ASSERT_EQ(iterator->next(batch, 10s), EpochIterator::Status::kBatch);
+  }
+  EXPECT_EQ(source->ended.load(), 2);
+}
+
 TEST(LoaderTest, SkipRaisesPastMaxSkipFraction) {
   TempDir dir;
   LoaderOptions o = options(10, false, 2);
