@@ -122,8 +122,9 @@ class Loader:
     ``collate``: ``"stack"`` (one tensor per field) or ``"list"`` (one tensor per
     sample, for samples of different shapes). ``on_error``: ``"raise"`` or
     ``"skip"`` (bad samples are dropped and reported at the end of the epoch, a
-    batch left with none is not delivered; more than ``max_skip_fraction`` of
-    the epoch raises).
+    batch left with none is not delivered, except with ``world_size`` > 1,
+    where it arrives empty so that every rank takes the same steps; more than
+    ``max_skip_fraction`` of the epoch raises).
 
     ``prefetch``: the most batches prepared ahead of the one delivered. The
     loader starts one batch ahead (with the batch the loop holds: two slots

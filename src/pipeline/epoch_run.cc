@@ -539,8 +539,11 @@ EpochIterator::Status EpochRun::next(Batch& out, std::chrono::milliseconds timeo
     const EpochIterator::Status status = next_in_order(out, timeout);
     // Every batch is planned with at least one row, so one without indices
     // had all of them skipped: an empty batch would reach the model (a loss
-    // averaged over no samples is NaN), so the pass moves on.
-    if (status != EpochIterator::Status::kBatch || !out.indices.empty()) {
+    // averaged over no samples is NaN), so the pass moves on — on one rank
+    // only. Ranks of a sharded loader deliver it empty: each must take as
+    // many steps as the others, or their collectives wait forever.
+    if (status != EpochIterator::Status::kBatch || !out.indices.empty() ||
+        plan_.options.world_size > 1) {
       if (status == EpochIterator::Status::kBatch && !carried_warnings_.empty()) {
         out.warnings.insert(out.warnings.begin(), carried_warnings_.begin(),
                             carried_warnings_.end());

@@ -76,7 +76,8 @@ class EpochRun final : public Job {
   void cancel() noexcept override;
 
   // The next batch in order. A batch whose every row was skipped
-  // (on_error=skip) is not delivered: the pass goes on to the next one, and
+  // (on_error=skip) is not delivered unless sharded over ranks (every rank
+  // takes as many steps as the others): the pass goes on to the next one, and
   // its warnings go with the next batch delivered (or to take_warnings() at
   // the end). Called by the one consumer.
   EpochIterator::Status next(Batch& out, std::chrono::milliseconds timeout);

@@ -174,6 +174,19 @@ def test_a_batch_whose_every_sample_was_skipped_is_not_delivered(tmp_path):
     with pytest.warns(RuntimeWarning, match=r"skipped 4 bad sample"):
         batches = [batch["s"][:, 0].tolist() for batch in loader]
     assert batches == [[0, 1, 2, 3], [8, 9, 10, 11]]
+    # Sharded, every rank takes as many steps as the others (or DDP hangs):
+    # rank 1's first batch (global batch 1) arrives empty.
+    per_rank = []
+    for rank in range(2):
+        sharded = ll.Loader(
+            ll.NpySource(tmp_path / "s"), batch_size=4, rank=rank, world_size=2,
+            on_error="skip", max_skip_fraction=0.7, output="numpy",
+        )  # fmt: skip
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            per_rank.append([batch["s"][:, 0].tolist() for batch in sharded])
+    # (12 samples, 2 ranks of batches of 4: rank 1's second batch is padding)
+    assert per_rank == [[[0, 1, 2, 3], [8, 9, 10, 11]], [[], [0, 1, 2, 3]]]
 
 
 def test_list_collate_for_variable_length_files(tmp_path):

@@ -27,7 +27,8 @@ class EpochIterator {
   // Waits up to `timeout` for the next batch in order. Rethrows a worker's
   // error (a SampleError with the sample's context) exactly once; after that,
   // and after the last batch, returns kEnd. A batch whose every sample was
-  // skipped (on_error=skip) is passed over, its warnings carried to the next.
+  // skipped (on_error=skip) is passed over, its warnings carried to the next
+  // (delivered empty when sharded over ranks: each rank takes every step).
   Status next(Batch& out, std::chrono::milliseconds timeout);
   // After kEnd: warnings of passed-over batches that no batch carried.
   std::vector<Warning> take_warnings();

@@ -306,6 +306,22 @@ TEST(LoaderTest, ABatchWhoseEverySampleWasSkippedIsNotDelivered) {
   // The passed-over batches count as delivered: a state saved now is at the
   // pass's end, not before its last batch.
   EXPECT_EQ(loader.stats().batches_delivered, 4u);
+  // Sharded over ranks, each rank takes every step (a rank with fewer would
+  // leave the others waiting in their collectives): rank 1's batches (global
+  // batches 1 and 3, every sample bad) arrive empty.
+  for (uint64_t rank = 0; rank < 2; ++rank) {
+    LoaderOptions sharded = o;
+    sharded.world_size = 2;
+    sharded.rank = rank;
+    sharded.max_skip_fraction = 1.0;  // rank 1 has no good sample
+    Loader ranked(std::make_shared<HalfBadSource>(), sharded);
+    auto pass = ranked.iterate();
+    std::vector<size_t> rows;
+    while (pass->next(batch, 10s) == EpochIterator::Status::kBatch) {
+      rows.push_back(batch.indices.size());
+    }
+    EXPECT_EQ(rows, (rank == 0 ? std::vector<size_t>{4, 4} : std::vector<size_t>{0, 0})) << rank;
+  }
 }
 
 // Counts Source::pass_ended calls.
