@@ -171,7 +171,8 @@ class Loader:
     with more entries, HDF5 files written since they were opened) is read
     through immutable snapshots, one per epoch. ``True`` (default): each
     epoch starts on the source's current contents; ``len()`` changes then,
-    and the epoch's first batch warns once. ``False``: the loader keeps
+    and the epoch's first batch warns once (with ``world_size`` > 1 a new size
+    is a ``ValueError``: ranks would take different numbers of steps). ``False``: the loader keeps
     reading the snapshot it was made with (an HDF5 file written since is
     then a ``FormatError``: its old rows are gone).
     """

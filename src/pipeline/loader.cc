@@ -213,6 +213,19 @@ std::optional<std::string> Loader::adopt_snapshot(std::shared_ptr<const Source> 
                           ": the Loader was made while the source was empty and planned no "
                           "batch slots for its fields; make a new Loader");
   }
+  if (options_.world_size > 1 && next->size() != snapshot_->size()) {
+    // Each rank takes its snapshot at its own pass start: ranks would
+    // shard different sizes, take different numbers of steps (collectives
+    // wait forever) and read samples twice or never.
+    throw InvalidArgument(
+        next->describe() + " changed from " + std::to_string(snapshot_->size()) + " to " +
+        std::to_string(next->size()) + " samples since the last pass; sharded over " +
+        std::to_string(options_.world_size) +
+        " ranks, each rank would see the new size at its own pass start and ranks would take "
+        "different numbers of steps. Make a new Loader on every rank at the same point (after "
+        "a barrier), or pass follow_updates=False to keep reading the snapshot it was made "
+        "with");
+  }
   // The new size must shard (validated as in the constructor).
   (void)RankShard(static_cast<uint64_t>(next->size()), static_cast<uint64_t>(options_.batch_size),
                   options_.drop_last, options_.rank, options_.world_size);

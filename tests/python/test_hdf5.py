@@ -331,6 +331,28 @@ def test_rows_appended_since_the_source_opened_them_join_the_next_pass(tmp_path)
     np.testing.assert_array_equal(one_pass(ordered)[0], expected)
 
 
+def test_a_sharded_loader_refuses_a_source_whose_size_changed(tmp_path):
+    # Each rank took the new size at its own pass start: ranks took different
+    # numbers of steps (DDP waits forever) and read rows twice or never.
+    path = tmp_path / "grow.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=np.arange(12, dtype=np.int64), maxshape=(None,))
+    loaders = [
+        ll.Loader(
+            ll.HDF5Source({"x": (path, "x")}), batch_size=2, rank=rank, world_size=2, output="numpy"
+        )  # fmt: skip
+        for rank in range(2)
+    ]
+    assert [len(one_pass(loader)[0]) for loader in loaders] == [6, 6]
+    time.sleep(0.05)
+    with h5py.File(path, "r+") as f:
+        f["x"].resize((20,))
+        f["x"][12:] = np.arange(12, 20)
+    for loader in loaders:
+        with pytest.raises(ValueError, match=r"changed from 12 to 20 samples .* 2 ranks"):
+            next(iter(loader))
+
+
 def test_a_forked_child_gets_a_clear_error(tmp_path):
     result = subprocess.run(
         [sys.executable, "-c", FORK_SCRIPT, str(tmp_path / "x.h5")],
