@@ -337,12 +337,8 @@ def test_a_sharded_loader_refuses_a_source_whose_size_changed(tmp_path):
     path = tmp_path / "grow.h5"
     with h5py.File(path, "w") as f:
         f.create_dataset("x", data=np.arange(12, dtype=np.int64), maxshape=(None,))
-    loaders = [
-        ll.Loader(
-            ll.HDF5Source({"x": (path, "x")}), batch_size=2, rank=rank, world_size=2, output="numpy"
-        )  # fmt: skip
-        for rank in range(2)
-    ]
+    sharded = dict(batch_size=2, world_size=2, output="numpy")
+    loaders = [ll.Loader(ll.HDF5Source({"x": (path, "x")}), rank=r, **sharded) for r in range(2)]
     assert [len(one_pass(loader)[0]) for loader in loaders] == [6, 6]
     time.sleep(0.05)
     with h5py.File(path, "r+") as f:
