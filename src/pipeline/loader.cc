@@ -275,6 +275,7 @@ std::unique_ptr<EpochIterator> Loader::iterate() {
   auto run = std::make_shared<detail::EpochRun>(std::move(plan));
   current_run_ = run;
   last_run_ = RunTrack{epoch_, shard, counters_->batches_delivered.load()};
+  epoch_set_since_last_run_ = false;
   executor_->run(run);
   ++epoch_;
   return std::make_unique<EpochIterator>(std::move(run));
@@ -293,9 +294,10 @@ LoaderState Loader::state() const {
   if (resume_) {
     // A loaded position, unless set_epoch() moved to another epoch since.
     if (resume_->epoch == epoch_) out.position = resume_->position;
-  } else if (last_run_ && last_run_->epoch + 1 == epoch_) {
+  } else if (last_run_ && !epoch_set_since_last_run_ && last_run_->epoch + 1 == epoch_) {
     // The pass started last is still this epoch's (set_epoch() was not
-    // called since): count the batches it delivered.
+    // called since: a set_epoch(e + 1) after leaving epoch e early moves on
+    // to e + 1, as the call says): count the batches it delivered.
     const uint64_t delivered = counters_->batches_delivered.load() - last_run_->delivered_before;
     if (delivered < last_run_->shard.num_batches()) {
       out.epoch = last_run_->epoch;
@@ -308,6 +310,7 @@ LoaderState Loader::state() const {
 void Loader::set_epoch(uint64_t epoch) noexcept {
   if (resume_ && resume_->epoch != epoch) resume_.reset();
   epoch_ = epoch;
+  epoch_set_since_last_run_ = true;
 }
 
 void Loader::load_state(const LoaderState& state) {

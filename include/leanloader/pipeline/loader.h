@@ -138,6 +138,9 @@ class Loader {
     uint64_t delivered_before = 0;
   };
   std::optional<RunTrack> last_run_;
+  // set_epoch() was called since last_run_ started: the epoch it set is
+  // where the loader stands, even if it is the one last_run_ advanced to.
+  bool epoch_set_since_last_run_ = false;
 };
 
 }  // namespace leanloader

@@ -113,6 +113,33 @@ TEST(LoaderStateTest, ResumeGivesTheRestOfTheUninterruptedRun) {
   }
 }
 
+TEST(LoaderStateTest, SetEpochAfterLeavingAPassEarlyIsWhereTheLoaderStands) {
+  // A training loop leaves epoch 0 after 3 steps and calls set_epoch(1): the
+  // state said epoch 0 at position 12 (the loader's own advance after a pass
+  // is also to epoch 1, and the call was not told apart from it), so a job
+  // resumed from it replayed the rest of epoch 0.
+  auto source = ids(40);
+  Loader loader(source, sharded(4, false, 0, 1));
+  loader.set_epoch(0);
+  {
+    auto run = loader.iterate();
+    ASSERT_EQ(take(*run, 3).size(), 3u);
+    EXPECT_EQ(loader.state().epoch, 0u);  // without a call, the pass left is where it stands
+    EXPECT_EQ(loader.state().position, 12u);
+  }
+  loader.set_epoch(1);
+  const LoaderState state = loader.state();
+  EXPECT_EQ(state.epoch, 1u);
+  EXPECT_EQ(state.position, 0u);
+  Loader resumed(source, sharded(4, false, 0, 1));
+  resumed.load_state(state);
+  Loader reference(source, sharded(4, false, 0, 1));
+  reference.set_epoch(1);
+  auto want = reference.iterate();
+  auto got = resumed.iterate();
+  EXPECT_EQ(take(*got), take(*want));
+}
+
 TEST(LoaderStateTest, ElasticResumeFromTwoRanksToThree) {
   const int64_t size = 301;
   auto source = ids(size);
