@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <set>
 
 #include "cache/cache_directory.h"
@@ -100,8 +101,20 @@ class TensorCache::State final : public Source {
   size_t estimated_sample_bytes() const override { return sample_bytes; }
   uint64_t storage_reads() const override { return storage_read_count.load(); }
   void will_need(int64_t index) const noexcept override;
+  // Whether the listing differs from what this state read (or, where there
+  // was none, has appeared since).
+  bool changed_on_disk() const {
+    if (listing) return !listing->unchanged(listing_path);
+    struct stat st {};
+    return ::stat(listing_path.c_str(), &st) == 0;
+  }
 
   std::string path;  // as the user gave it
+  // What a writer elsewhere changes: manifest.json (replaced by a rename),
+  // the per-sample folder (its modification time), the single file; as
+  // stat'ed before it was read.
+  std::string listing_path;
+  std::optional<detail::FileIdentity> listing;
   std::shared_ptr<const detail::CacheLock> lock;
   Layout layout = Layout::kSharded;
   std::string directory;
@@ -158,6 +171,8 @@ TensorCache::TensorCache(const std::string& path, bool cleanup)
 }
 
 void TensorCache::reload() {
+  // One reload at a time (snapshot() reloads too, from any loader's thread).
+  std::lock_guard<std::mutex> reloading(reload_mutex_);
   std::shared_ptr<const State> next = load_state(false);
   std::lock_guard<std::mutex> guard(state_mutex_);
   const std::vector<FieldSpec>& fields = *field_lists_.back();
@@ -188,7 +203,16 @@ std::shared_ptr<const TensorCache::State> TensorCache::state() const {
   return state_;
 }
 
-std::shared_ptr<const Source> TensorCache::snapshot() const { return state(); }
+std::shared_ptr<const Source> TensorCache::snapshot() const {
+  std::shared_ptr<const State> current = state();
+  // Another process (or another TensorCache object) may have written the
+  // cache since: one stat decides, and the reload is the one build() makes.
+  if (!current->changed_on_disk()) return current;
+  // snapshot() is const to its callers (a Source's view of itself now);
+  // following the directory publishes a new state as reload() does.
+  const_cast<TensorCache*>(this)->reload();
+  return state();
+}
 
 const std::vector<FieldSpec>& TensorCache::fields() const {
   std::lock_guard<std::mutex> guard(state_mutex_);
@@ -200,6 +224,9 @@ std::shared_ptr<const TensorCache::State> TensorCache::load_state(bool cleanup) 
   if (::stat(path_.c_str(), &st) != 0) throw IoError("cannot open cache", path_, errno);
   auto state = std::make_shared<State>();
   state->path = path_;
+  // Stat'ed before reading: a write after this is seen by the next check.
+  state->listing_path = path_;
+  state->listing = detail::FileIdentity::of(path_);
   if (S_ISREG(st.st_mode)) {
     const size_t slash = path_.find_last_of('/');
     state->directory =
@@ -237,7 +264,12 @@ std::shared_ptr<const TensorCache::State> TensorCache::load_state(bool cleanup) 
         detail::CacheLock::open_shared(path_, cleanup, &removed_));
   }
   state->lock = lock_;
-  if (::stat(manifest_path.c_str(), &st) == 0) state->manifest = read_cache_manifest(manifest_path);
+  state->listing_path = manifest_path;
+  state->listing.reset();
+  if (::stat(manifest_path.c_str(), &st) == 0) {
+    state->listing = detail::FileIdentity::of(manifest_path);
+    state->manifest = read_cache_manifest(manifest_path);
+  }
   state->derive_fields(manifest_path);
   state->index_shards();
   return state;

@@ -86,6 +86,29 @@ def test_a_cache_grown_under_a_live_shuffled_loader_reads_one_snapshot_per_epoch
     assert lines[6] == "len 18"
 
 
+def test_a_cache_grown_by_another_process_or_object_is_followed(tmp_path):
+    # Only a build through the object the loader held was followed: a cache
+    # grown by another process kept its old size in the loader for ever.
+    cache = ll.TensorCache(tmp_path / "c", output="numpy", shard_bytes=256)
+    build(cache, 12)
+    loader = ll.Loader(cache, batch_size=5, shuffle=True, output="numpy")
+    assert sorted(i for b in loader for i in b["id"][:, 0].tolist()) == list(range(12))
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(ll.__file__)))
+    tests = os.path.dirname(os.path.abspath(__file__))
+    subprocess.run(
+        [sys.executable, "-c", "import sys, leanloader as ll; from test_cache_snapshot import "
+         f"build; build(ll.TensorCache({str(tmp_path / 'c')!r}, shard_bytes=256), 30)"],
+        check=True, timeout=120, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+            [package_parent, tests])},
+    )  # fmt: skip
+    with pytest.warns(RuntimeWarning, match="from 12 to 30 samples"):
+        assert sorted(i for b in loader for i in b["id"][:, 0].tolist()) == list(range(30))
+    build(ll.TensorCache(tmp_path / "c", output="numpy", shard_bytes=256), 41)  # another object
+    with pytest.warns(RuntimeWarning, match="from 30 to 41 samples"):
+        assert sorted(i for b in loader for i in b["id"][:, 0].tolist()) == list(range(41))
+    assert len(loader) == 9 and len(cache) == 41
+
+
 def test_a_pinned_loader_keeps_the_snapshot_it_was_made_with(tmp_path):
     cache = ll.TensorCache(tmp_path / "c", output="numpy", shard_bytes=256)
     build(cache, 12)

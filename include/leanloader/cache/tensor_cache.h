@@ -100,7 +100,10 @@ class TensorCache final : public Source {
   void reload();
 
   // The current snapshot: an immutable Source (size, fields, samples) that
-  // later reloads do not touch.
+  // later reloads do not touch. Reloads first when the cache on disk changed
+  // since the current snapshot was read (a build by another process or
+  // another TensorCache object: one stat of the manifest, the folder or the
+  // file).
   std::shared_ptr<const Source> snapshot() const override;
 
   // The current snapshot's.
@@ -157,6 +160,7 @@ class TensorCache final : public Source {
   std::vector<std::string> removed_;
   std::shared_ptr<const detail::CacheLock> lock_;  // shared with every snapshot
 
+  std::mutex reload_mutex_;  // one reload() at a time
   mutable std::mutex state_mutex_;
   std::shared_ptr<const State> state_;
   // Every field list a snapshot of this cache had, so that fields()
