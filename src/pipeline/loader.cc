@@ -1,5 +1,6 @@
 #include "leanloader/pipeline/loader.h"
 
+#include <cstdint>
 #include <cstdio>
 #include <span>
 
@@ -28,8 +29,11 @@ constexpr double kDefaultPressureFraction = 0.10;
 
 }  // namespace
 
-std::string source_fingerprint(const Source& source) {
-  std::string text = std::to_string(source.size());
+namespace {
+
+// source_fingerprint() as it would read with `size` samples.
+std::string fingerprint_with_size(const Source& source, int64_t size) {
+  std::string text = std::to_string(size);
   for (const FieldSpec& field : source.fields()) {
     text += '|' + field.name + ':' + std::string(dtype_name(field.dtype)) + ':' +
             (field.shape ? shape_to_string(*field.shape) : std::string("varies"));
@@ -39,6 +43,12 @@ std::string source_fingerprint(const Source& source) {
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash));
   return std::string("xxh64:") + hex;
+}
+
+}  // namespace
+
+std::string source_fingerprint(const Source& source) {
+  return fingerprint_with_size(source, source.size());
 }
 
 // What a Loader reads: the source's current snapshot, or the source itself
@@ -320,7 +330,13 @@ void Loader::load_state(const LoaderState& state) {
                           "; this leanloader reads version " +
                           std::to_string(LoaderState::kVersion));
   }
-  if (state.fingerprint != fingerprint_ || state.size != size) {
+  // At an epoch's start a state names no sample of that epoch: a source
+  // that only changed size since (a cache grown between a checkpoint and the
+  // restart) is the same source, and the epoch starts on its contents now.
+  const bool resized_at_epoch_start =
+      state.position == 0 && state.size != size && state.size <= uint64_t{INT64_MAX} &&
+      state.fingerprint == fingerprint_with_size(*snapshot_, static_cast<int64_t>(state.size));
+  if ((state.fingerprint != fingerprint_ || state.size != size) && !resized_at_epoch_start) {
     throw InvalidArgument(
         "loader state was saved for another source (fingerprint " + state.fingerprint + ", " +
         std::to_string(state.size) + " samples); this loader reads " + snapshot_->describe() +

@@ -109,6 +109,30 @@ def test_a_cache_grown_by_another_process_or_object_is_followed(tmp_path):
     assert len(loader) == 9 and len(cache) == 41
 
 
+def test_a_state_at_an_epochs_start_resumes_on_a_grown_cache(tmp_path):
+    # A preempted job restarting after the cache grew could not resume at
+    # all ("saved for another source"), even between epochs, where the live
+    # loader would have gone on with the grown cache.
+    cache = ll.TensorCache(tmp_path / "c", output="numpy", shard_bytes=256)
+    build(cache, 20)
+    loader = ll.Loader(cache, batch_size=4, shuffle=True, output="numpy")
+    assert sum(len(b["id"]) for b in loader) == 20
+    at_epoch_start = loader.state_dict()
+    iterator = iter(loader)
+    next(iterator)
+    mid_epoch = loader.state_dict()
+    del iterator
+    assert (at_epoch_start["epoch"], at_epoch_start["samples_consumed"]) == (1, 0)
+    build(cache, 30)
+    restarted = ll.Loader(ll.TensorCache(tmp_path / "c", output="numpy"), batch_size=4,
+                          shuffle=True, output="numpy")  # fmt: skip
+    restarted.load_state_dict(at_epoch_start)
+    assert restarted.epoch == 1
+    assert sorted(i for b in restarted for i in b["id"][:, 0].tolist()) == list(range(30))
+    with pytest.raises(ValueError, match="saved for another source"):
+        restarted.load_state_dict(mid_epoch)  # its position names samples of 20
+
+
 def test_a_pinned_loader_keeps_the_snapshot_it_was_made_with(tmp_path):
     cache = ll.TensorCache(tmp_path / "c", output="numpy", shard_bytes=256)
     build(cache, 12)
