@@ -7,9 +7,12 @@ environment) is read once, when a loader is built.
 
 from __future__ import annotations
 
+import numbers
 import os
 import sys
 from typing import Any
+
+import numpy as np
 
 from leanloader import _core
 
@@ -56,9 +59,13 @@ def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
         found = _from_process_group() or _from_environment() or (0, 1)
         rank = found[0] if rank is None else rank
         world_size = found[1] if world_size is None else world_size
+    checked = []
     for name, value in (("rank", rank), ("world_size", world_size)):
-        if isinstance(value, bool) or not isinstance(value, int):
+        # NumPy integers too, as batch_size takes them
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
             raise TypeError(f"{name} must be an int, got {value!r}")
+        checked.append(int(value))
+    rank, world_size = checked
     if world_size < 1:
         raise ValueError(f"world_size must be at least 1, got {world_size}")
     if not 0 <= rank < world_size:
@@ -90,17 +97,42 @@ def state_from_dict(data: dict[str, Any]) -> Any:
             f"loader state lacks {', '.join(missing)}; expected a dict from state_dict()"
         )
     state = _core.LoaderState()
-    try:
-        state.version = int(data["version"])
-        state.epoch = int(data["epoch"])
-        state.position = int(data["samples_consumed"])
-        state.seed = int(data["seed"])
-        state.shuffle = bool(data["shuffle"])
-        state.batch_size = int(data["batch_size"])
-        state.drop_last = bool(data["drop_last"])
-        state.world_size = int(data["world_size"])
-        state.size = int(data["num_samples"])
-        state.fingerprint = str(data["source_fingerprint"])
-    except (TypeError, ValueError, OverflowError) as error:
-        raise ValueError(f"malformed loader state: {error}") from error
+    state.version = _state_int(data, "version")
+    state.epoch = _state_int(data, "epoch")
+    state.position = _state_int(data, "samples_consumed")
+    state.seed = _state_int(data, "seed")
+    state.shuffle = _state_bool(data, "shuffle")
+    state.batch_size = _state_int(data, "batch_size", least=1)
+    state.drop_last = _state_bool(data, "drop_last")
+    state.world_size = _state_int(data, "world_size", least=1)
+    state.size = _state_int(data, "num_samples")
+    if not isinstance(data["source_fingerprint"], str):
+        raise ValueError(
+            "malformed loader state: source_fingerprint must be a str, "
+            f"got {type(data['source_fingerprint']).__name__}"
+        )
+    state.fingerprint = data["source_fingerprint"]
     return state
+
+
+def _state_int(data: dict[str, Any], key: str, least: int = 0) -> int:
+    """data[key] as an unsigned 64-bit int: an int (NumPy's too), not a float,
+    a str or a bool, that a state_dict() could have written."""
+    value = data[key]
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(
+            f"malformed loader state: {key} must be an int, got {type(value).__name__} {value!r}"
+        )
+    value = int(value)
+    if not least <= value < 1 << 64:
+        raise ValueError(f"malformed loader state: {key} = {value} is out of range")
+    return value
+
+
+def _state_bool(data: dict[str, Any], key: str) -> bool:
+    value = data[key]
+    if not isinstance(value, bool | np.bool_):
+        raise ValueError(
+            f"malformed loader state: {key} must be a bool, got {type(value).__name__} {value!r}"
+        )
+    return bool(value)

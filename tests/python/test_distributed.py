@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -212,6 +213,21 @@ def test_a_state_from_another_source_or_order_is_an_error(data):
         loader(open_source("npy", data), seed=12).load_state_dict(state)
     with pytest.raises(ValueError, match=r"lacks .*samples_consumed"):
         loader(open_source("npy", data)).load_state_dict({"epoch": 0})
+    # Values a state_dict() never writes: named, not truncated or taken as truthy
+    # (a negative count raised the binding's signature; 1.7 was epoch 1,
+    # "false" was shuffle=True, batch_size=0 was taken).
+    for key, value, said in (
+        ("samples_consumed", -4, "samples_consumed = -4 is out of range"),
+        ("epoch", 1.7, "epoch must be an int, got float 1.7"),
+        ("shuffle", "false", "shuffle must be a bool, got str 'false'"),
+        ("batch_size", 0, "batch_size = 0 is out of range"),
+        ("world_size", 0, "world_size = 0 is out of range"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(f"malformed loader state: {said}")):
+            loader(open_source("npy", data)).load_state_dict({**state, key: value})
+    numpy_typed = {**state, "epoch": np.int64(0), "shuffle": np.bool_(state["shuffle"])}
+    loader(open_source("npy", data)).load_state_dict(numpy_typed)
+    assert ll.Loader(open_source("npy", data), rank=np.int64(1), world_size=np.int32(2))
 
 
 def test_state_size_is_independent_of_the_dataset_and_restore_is_fast(data):
