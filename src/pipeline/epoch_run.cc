@@ -594,8 +594,9 @@ EpochIterator::Status EpochRun::next_in_order(Batch& out, std::chrono::milliseco
   if (cancelled_.load()) {
     finished_ = true;
     throw Error(
-        "this iteration was cancelled: a new iteration of the same Loader started, or "
-        "the Loader was closed");
+        "this iteration was cancelled: a new iteration of the same Loader started, a state "
+        "was loaded into it (load_state_dict: iterate it again to resume there), or the "
+        "Loader was closed");
   }
   if (run_failure_.batch <= delivered_ && !(state.batch == delivered_ && state.ready)) {
     // A worker failed outside a sample's read: the batch cannot complete.
