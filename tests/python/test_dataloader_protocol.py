@@ -592,6 +592,26 @@ def test_iterators_are_torchs_base_iterator_class_and_refuse_pickling_as_torchs(
     assert combined._iterator.__getstate__()["iterators"] == [None]
 
 
+def test_iterators_carry_torchs_attributes():
+    """torch's iterators copy the loader's settings into attributes that code
+    around a loader reads (loader._iterator._persistent_workers); ours lacked
+    most of them (AttributeError)."""
+    plain = ("_drop_last", "_num_workers", "_world_size", "_rank", "_pin_memory",
+             "_timeout", "_persistent_workers", "_auto_collation", "_dataset_kind",
+             "_IterableDataset_len_called", "_pin_memory_device")  # fmt: skip
+    for kwargs in ({}, {"num_workers": 1}, {"num_workers": 1, "worker_mode": "thread"}):
+        dataset = Numbers(8)
+        loader = ll.DataLoader(dataset, batch_size=2, drop_last=True, **kwargs)
+        workers = {k: v for k, v in kwargs.items() if k != "worker_mode"}
+        reference = torch.utils.data.DataLoader(dataset, batch_size=2, drop_last=True, **workers)
+        ours, theirs = iter(loader), iter(reference)
+        names = plain + (("_prefetch_factor", "_in_order", "_worker_init_fn") if workers else ())
+        for name in names:
+            assert getattr(ours, name) == getattr(theirs, name), (kwargs, name)
+        assert ours._dataset is dataset and ours._collate_fn is loader.collate_fn, kwargs
+        del ours, theirs
+
+
 FORK_SERVER_CTRL_C_SCRIPT = textwrap.dedent(
     """
     import signal, sys

@@ -27,6 +27,7 @@ from leanloader.dataloader.fork_server import (
     forked_from_this_process,
     main_module_hidden,
 )
+from leanloader.dataloader.iterator_attributes import set_torch_iterator_attributes
 from leanloader.dataloader.pin import in_place_pinning
 from leanloader.dataloader.protocol import (
     SHUTDOWN,
@@ -158,6 +159,7 @@ class ProcessIterator:
         self._sampler_iter = iter(self._index_sampler)
         if self._datapipe:
             datapipe_seed(loader, loader.dataset)
+        set_torch_iterator_attributes(self, loader, workers=True)
         _live_iterators.add(self)
         self._start_epoch()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from leanloader.dataloader.iterator_attributes import set_torch_iterator_attributes
 from leanloader.dataloader.seeding import (
     datapipe_seed,
     distributed_settings,
@@ -35,6 +36,7 @@ class SingleProcessIterator:
             loader.drop_last,
         )  # fmt: skip
         self.alive = True
+        set_torch_iterator_attributes(self, loader, workers=False)
 
     def __iter__(self) -> SingleProcessIterator:
         return self

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from leanloader.dataloader.front import DataLoader
 
+from leanloader.dataloader.iterator_attributes import set_torch_iterator_attributes
 from leanloader.dataloader.protocol import raised_by_user_code
 from leanloader.dataloader.seeding import draw_base_seed
 from leanloader.dataloader.state import first_sampler_iter
@@ -182,6 +183,7 @@ class ThreadIterator:
         self._pending: dict[int, int] = {}
         self._next_worker = 0  # torch's _worker_queue_idx_cycle
         self.alive = True
+        set_torch_iterator_attributes(self, loader, workers=True)
         self._prime()
 
     def _reset(self, loader: DataLoader) -> None:
