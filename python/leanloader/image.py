@@ -112,6 +112,14 @@ class Resize(Transform):
                 raise ValueError("Resize: max_size applies only when size is a single int")
         if antialias is not True:
             raise ValueError("Resize: only antialias=True is supported")
+        if max_size is not None and (
+            isinstance(max_size, bool) or not isinstance(max_size, int) or max_size <= self.size
+        ):
+            # torchvision's check; max_size=0 had meant no cap at all
+            raise ValueError(
+                f"Resize: max_size = {max_size!r} must be strictly greater than the requested "
+                f"size for the smaller edge size = {self.size}"
+            )
         self.max_size = max_size
 
     def _step(self) -> tuple:

@@ -490,6 +490,18 @@ def test_center_crop_after_resize_as_torchvision(tmp_path):
     assert source.fields[0] == ("image", "U8", [3, 224, 224])
 
 
+def test_resize_max_size_is_checked_as_torchvision_checks_it(tmp_path):
+    # max_size=0 meant no cap at all; torchvision refuses a max_size that is
+    # not above the requested smaller edge.
+    for max_size in (0, 256, 100):
+        with pytest.raises(ValueError, match=f"max_size = {max_size} must be strictly greater"):
+            ll.Resize(256, max_size=max_size)
+    natural_image(300, 400).save(tmp_path / "x.png")
+    source = ll.Images([tmp_path / "x.png"], transform=[ll.Resize(256, max_size=300)])
+    # torchvision: the longer side 341 is over 300, so (h, w) = (int(300 * 256 / 341), 300)
+    assert source.transform_params(0)["resizes"] == [(225, 300)]
+
+
 def torchvision_center_crop(pixels: np.ndarray, crop_h: int, crop_w: int) -> np.ndarray:
     """torchvision.transforms.functional.center_crop on an (H, W, C) array."""
     height, width = pixels.shape[:2]
