@@ -143,20 +143,19 @@ def test_missing_file_raises_file_not_found(tmp_path):
         next(iter(loader))
 
 
+def skipping_loader(directory, **options):
+    """A Loader over the .npy files of `directory` that skips bad samples."""
+    return ll.Loader(ll.NpySource(directory), on_error="skip", output="numpy", **options)
+
+
 def test_skip_reports_bad_samples_at_epoch_end(tmp_path):
     write_sample_dir(tmp_path / "s", 100, bad={3, 50})
-    loader = ll.Loader(ll.NpySource(tmp_path / "s"), batch_size=10, on_error="skip", output="numpy")
+    loader = skipping_loader(tmp_path / "s", batch_size=10)
     with pytest.warns(RuntimeWarning, match=r"skipped 2 bad sample"):
         values = [int(v) for batch in loader for v in batch["s"][:, 0]]
     assert len(values) == 98 and 3 not in values and 50 not in values
     assert loader.stats()["samples_skipped"] == 2
-    too_many = ll.Loader(
-        ll.NpySource(tmp_path / "s"),
-        batch_size=10,
-        on_error="skip",
-        max_skip_fraction=0.01,
-        output="numpy",
-    )
+    too_many = skipping_loader(tmp_path / "s", batch_size=10, max_skip_fraction=0.01)
     with pytest.raises(ll.FormatError, match="max_skip_fraction"):
         list(too_many)
 
@@ -164,13 +163,7 @@ def test_skip_reports_bad_samples_at_epoch_end(tmp_path):
 def test_a_batch_whose_every_sample_was_skipped_is_not_delivered(tmp_path):
     # An empty batch reached the training step (a mean over no samples is NaN).
     write_sample_dir(tmp_path / "s", 12, bad={4, 5, 6, 7})
-    loader = ll.Loader(
-        ll.NpySource(tmp_path / "s"),
-        batch_size=4,
-        on_error="skip",
-        max_skip_fraction=0.5,
-        output="numpy",
-    )
+    loader = skipping_loader(tmp_path / "s", batch_size=4, max_skip_fraction=0.5)
     with pytest.warns(RuntimeWarning, match=r"skipped 4 bad sample"):
         batches = [batch["s"][:, 0].tolist() for batch in loader]
     assert batches == [[0, 1, 2, 3], [8, 9, 10, 11]]
@@ -178,10 +171,9 @@ def test_a_batch_whose_every_sample_was_skipped_is_not_delivered(tmp_path):
     # rank 1's first batch (global batch 1) arrives empty.
     per_rank = []
     for rank in range(2):
-        sharded = ll.Loader(
-            ll.NpySource(tmp_path / "s"), batch_size=4, rank=rank, world_size=2,
-            on_error="skip", max_skip_fraction=0.7, output="numpy",
-        )  # fmt: skip
+        sharded = skipping_loader(
+            tmp_path / "s", batch_size=4, rank=rank, world_size=2, max_skip_fraction=0.7
+        )
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             per_rank.append([batch["s"][:, 0].tolist() for batch in sharded])
