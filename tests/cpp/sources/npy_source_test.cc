@@ -291,21 +291,21 @@ TEST(NpySourceTest, StreamingLargeRowsReadTheSameBytesInMemoryOrNot) {
   // does not wait for storage (RWF_NOWAIT) starts the device's read-ahead
   // and may find it done on a fast virtual disk, so the row then counts as
   // cached (as in CountsRowsThatCameFromStorage): row 28 is evicted and read
-  // up to five times; one must count.
-  bool counted = false;
-  for (int attempt = 0; attempt < 5 && !counted; ++attempt) {
-    const size_t resident = testing::evict_from_page_cache(dir.file("x.npy"));
-    if (resident > 16 * 64) {
-      GTEST_SKIP() << resident
-                   << " pages stayed: the file system keeps the file in memory (tmpfs?)";
-    }
-    ASSERT_GE(resident, size_t{4 * 64}) << "rows in memory were not copied from the mapping";
-    const uint64_t reads = source->storage_reads();
-    expect_row(28);
-    EXPECT_LE(source->storage_reads(), reads + 1);
-    counted = source->storage_reads() == reads + 1;  // row 28: pread from storage
+  // until one read counts (five attempts ran out in a clean-clone run).
+  size_t resident = 0;
+  const testing::EvictedRead outcome = testing::read_after_eviction_until_counted(
+      [&] { return resident = testing::evict_from_page_cache(dir.file("x.npy")); }, 16 * 64,
+      [&](int) {
+        const uint64_t reads = source->storage_reads();
+        expect_row(28);
+        EXPECT_LE(source->storage_reads(), reads + 1);
+        return source->storage_reads() == reads + 1;  // row 28: pread from storage
+      });
+  if (outcome == testing::EvictedRead::kCannotEvict) {
+    GTEST_SKIP() << resident << " pages stayed: the file system keeps the file in memory (tmpfs?)";
   }
-  EXPECT_TRUE(counted);
+  ASSERT_GE(resident, size_t{4 * 64}) << "rows in memory were not copied from the mapping";
+  EXPECT_EQ(outcome, testing::EvictedRead::kCounted);
   const uint64_t after_row_28 = source->storage_reads();
   expect_row(2);
   EXPECT_EQ(source->storage_reads(), after_row_28);  // row 2 stayed in memory
