@@ -7,7 +7,6 @@ environment) is read once, when a loader is built.
 
 from __future__ import annotations
 
-import numbers
 import os
 import sys
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from leanloader import _core
+from leanloader.arguments import integer
 
 STATE_KEYS = (
     "version",
@@ -59,13 +59,7 @@ def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
         found = _from_process_group() or _from_environment() or (0, 1)
         rank = found[0] if rank is None else rank
         world_size = found[1] if world_size is None else world_size
-    checked = []
-    for name, value in (("rank", rank), ("world_size", world_size)):
-        # NumPy integers too, as batch_size takes them
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise TypeError(f"{name} must be an int, got {value!r}")
-        checked.append(int(value))
-    rank, world_size = checked
+    rank, world_size = integer("rank", rank), integer("world_size", world_size)
     if world_size < 1:
         raise ValueError(f"world_size must be at least 1, got {world_size}")
     if not 0 <= rank < world_size:
@@ -118,12 +112,10 @@ def state_from_dict(data: dict[str, Any]) -> Any:
 def _state_int(data: dict[str, Any], key: str, least: int = 0) -> int:
     """data[key] as an unsigned 64-bit int: an int (NumPy's too), not a float,
     a str or a bool, that a state_dict() could have written."""
-    value = data[key]
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(
-            f"malformed loader state: {key} must be an int, got {type(value).__name__} {value!r}"
-        )
-    value = int(value)
+    try:
+        value = integer(key, data[key])
+    except TypeError as error:
+        raise ValueError(f"malformed loader state: {error}") from None
     if not least <= value < 1 << 64:
         raise ValueError(f"malformed loader state: {key} = {value} is out of range")
     return value

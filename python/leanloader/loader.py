@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import importlib.util
-import operator
 import os
 import warnings
 from collections.abc import Iterator
 from typing import Any
 
 from leanloader import _core
+from leanloader.arguments import integer
 from leanloader.distributed import resolve_rank, state_from_dict, state_to_dict
 from leanloader.sources import as_source
 
@@ -85,21 +85,10 @@ def _budget_bytes(memory_budget: int | str | None) -> int | None:
     return _core.parse_byte_size(str(memory_budget))
 
 
-def _integer(what: str, value: Any) -> int:
-    """`value` as an int (a NumPy integer too), else a TypeError naming the
-    argument (the binding's listed its whole signature)."""
-    if isinstance(value, bool):
-        raise TypeError(f"{what} must be an int, got a bool ({value})")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(f"{what} must be an int, got {type(value).__name__} {value!r}") from None
-
-
 def _unsigned_64(what: str, value: Any) -> int:
     """`value` when it is an int the engine takes (0 <= value < 2**64);
     else a ValueError or TypeError that says so."""
-    value = _integer(what, value)
+    value = integer(what, value)
     if not 0 <= value < 2**64:
         raise ValueError(f"{what} must be in [0, 2**64), got {value}")
     return value
@@ -220,13 +209,13 @@ class Loader:
             self._pinning = _core.HostPinning(self._runtime)
         self._core = _core.Loader(
             self.source,
-            batch_size=_integer("batch_size", batch_size),
+            batch_size=integer("batch_size", batch_size),
             shuffle=bool(shuffle),
             seed=_unsigned_64("seed", seed),
-            num_threads=_integer("num_threads", num_threads)
+            num_threads=integer("num_threads", num_threads)
             if num_threads is not None
             else _default_threads(),
-            prefetch=_integer("prefetch", prefetch),
+            prefetch=integer("prefetch", prefetch),
             memory_budget=_budget_bytes(memory_budget),
             drop_last=bool(drop_last),
             on_error=on_error,
