@@ -109,6 +109,7 @@ bool is_bool_enum_locked(hid_t type, hid_t base) {
   }
   const bool little = api.t_get_order(base) == kH5TOrderLe;
   const bool is_signed = api.t_get_sign(base) == kH5TSgn2;
+  std::string names[2];
   for (unsigned member = 0; member < 2; ++member) {
     unsigned char bytes[8] = {};
     if (api.t_get_member_value(type, member, bytes) < 0) {
@@ -123,10 +124,11 @@ bool is_bool_enum_locked(hid_t type, hid_t base) {
     if (is_signed && size < 8 && (bytes[little ? size - 1 : 0] & 0x80) != 0) {
       value -= int64_t{1} << (8 * size);
     }
-    const std::string name = member_name_locked(type, member);
+    names[member] = member_name_locked(type, member);
+    const std::string& name = names[member];
     if (!((name == "FALSE" && value == 0) || (name == "TRUE" && value == 1))) return false;
   }
-  return member_name_locked(type, 0) != member_name_locked(type, 1);
+  return names[0] != names[1];
 }
 
 // Complex numbers as h5py reads them: its compound of two IEEE floats of one
@@ -438,14 +440,18 @@ void Hdf5Dataset::describe_locked(hid_t, hid_t dset) {
   Id base(is_enum ? api.t_get_super(type.get()) : api.t_copy(type.get()), api.t_close);
   Id mem_type(base.ok() ? api.t_copy(base.get()) : -1, api.t_close);
   if (!mem_type.ok()) throw FormatError(here + ": " + hdf5_error_stack_locked());
-  const bool is_float = static_cast<H5TClass>(api.t_get_class(mem_type.get())) == H5TClass::kFloat;
-  const bool typed =
-      (info.little_endian || api.t_set_order(mem_type.get(), kH5TOrderLe) >= 0) &&
-      (!info.converted || is_float ||
-       (api.t_set_size(mem_type.get(), element_size) >= 0 &&
-        api.t_set_offset(mem_type.get(), 0) >= 0 &&
-        api.t_set_precision(mem_type.get(), element_size * 8) >= 0)) &&
-      (!info.converted || !is_float || api.t_set_norm(mem_type.get(), kH5TNormImplied) >= 0);
+  bool typed = info.little_endian || api.t_set_order(mem_type.get(), kH5TOrderLe) >= 0;
+  if (typed && info.converted) {
+    if (static_cast<H5TClass>(api.t_get_class(mem_type.get())) == H5TClass::kFloat) {
+      // IEEE's implied mantissa bit: H5Dread converts the stored one.
+      typed = api.t_set_norm(mem_type.get(), kH5TNormImplied) >= 0;
+    } else {
+      // The whole element (a bool enum's wider base made one byte).
+      typed = api.t_set_size(mem_type.get(), element_size) >= 0 &&
+              api.t_set_offset(mem_type.get(), 0) >= 0 &&
+              api.t_set_precision(mem_type.get(), element_size * 8) >= 0;
+    }
+  }
   if (!typed) {
     throw FormatError(here + ": HDF5 cannot describe its values in this machine's byte order (" +
                       hdf5_error_stack_locked() + ")");
