@@ -226,7 +226,7 @@ std::shared_ptr<const TensorCache::State> TensorCache::load_state(bool cleanup) 
   state->path = path_;
   // Stat'ed before reading: a write after this is seen by the next check.
   state->listing_path = path_;
-  state->listing = detail::FileIdentity::of(path_);
+  state->listing = detail::FileIdentity::of(st);
   if (S_ISREG(st.st_mode)) {
     const size_t slash = path_.find_last_of('/');
     state->directory =
@@ -267,7 +267,7 @@ std::shared_ptr<const TensorCache::State> TensorCache::load_state(bool cleanup) 
   state->listing_path = manifest_path;
   state->listing.reset();
   if (::stat(manifest_path.c_str(), &st) == 0) {
-    state->listing = detail::FileIdentity::of(manifest_path);
+    state->listing = detail::FileIdentity::of(st);
     state->manifest = read_cache_manifest(manifest_path);
   }
   state->derive_fields(manifest_path);

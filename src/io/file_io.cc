@@ -137,11 +137,15 @@ namespace {
 std::optional<FileIdentity> stat_identity(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return std::nullopt;
-  return FileIdentity{st.st_dev, st.st_ino, static_cast<int64_t>(st.st_size),
-                      int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec};
+  return FileIdentity::of(st);
 }
 
 }  // namespace
+
+FileIdentity FileIdentity::of(const struct stat& st) {
+  return {st.st_dev, st.st_ino, static_cast<int64_t>(st.st_size),
+          int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec};
+}
 
 FileIdentity FileIdentity::of(const std::string& path) {
   const std::optional<FileIdentity> identity = stat_identity(path);

@@ -4,6 +4,7 @@
 // read any range of a File concurrently.
 #pragma once
 
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include <cstddef>
@@ -76,6 +77,8 @@ struct FileIdentity {
 
   // stat(2) of `path`; throws IoError.
   static FileIdentity of(const std::string& path);
+  // The identity a stat(2) already made gives.
+  static FileIdentity of(const struct stat& st);
   // Whether `path` still has this identity (false when it cannot be stat'ed).
   bool unchanged(const std::string& path) const;
   // Throws FormatError naming `path` unless it still has this identity.
