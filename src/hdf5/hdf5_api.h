@@ -116,6 +116,9 @@ struct Hdf5Api {
   herr_t (*t_set_size)(hid_t, size_t);
   herr_t (*t_get_member_value)(hid_t, unsigned, void*);
   hid_t (*t_get_super)(hid_t);
+  int (*t_get_array_ndims)(hid_t);
+  int (*t_get_array_dims)(hid_t, hsize_t*);                  // H5Tget_array_dims2
+  hid_t (*t_array_create)(hid_t, unsigned, const hsize_t*);  // H5Tarray_create2
   int (*t_get_nmembers)(hid_t);
   char* (*t_get_member_name)(hid_t, unsigned);
   hid_t (*t_get_member_type)(hid_t, unsigned);

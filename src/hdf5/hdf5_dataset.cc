@@ -30,6 +30,11 @@ class Id {
   hid_t get() const noexcept { return id_; }
   bool ok() const noexcept { return id_ >= 0; }
   hid_t release() noexcept { return std::exchange(id_, -1); }
+  // Closes the identifier held (if any) and holds `id`.
+  void reset(hid_t id) noexcept {
+    if (id_ >= 0) close_(id_);
+    id_ = id;
+  }
 
  private:
   hid_t id_;
@@ -207,7 +212,7 @@ TypeInfo classify_type_locked(hid_t type, const std::string& where) {
   auto cannot = [&](const std::string& what) -> TypeInfo {
     throw InvalidArgument(where + " has " + what +
                           " elements, which cannot become a tensor (HDF5Source reads integer, "
-                          "bitfield, float, complex and bool datasets)");
+                          "bitfield, float, complex and bool elements, and arrays of them)");
   };
   if (type_class == H5TClass::kInteger || type_class == H5TClass::kBitfield) {
     // Bitfields (PyTables' BoolAtom is an 8-bit one) are unsigned integers
@@ -408,7 +413,31 @@ void Hdf5Dataset::describe_locked(hid_t, hid_t dset) {
   if (!type.ok() || !space.ok() || !plist.ok()) {
     throw FormatError(here + ": cannot read its description (" + hdf5_error_stack_locked() + ")");
   }
-  const TypeInfo info = classify_type_locked(type.get(), here);
+  // An array element (H5T_ARRAY: PyTables' atoms with a shape) is read as
+  // h5py reads it, its dimensions after the dataspace's; `element` is then
+  // the type of its values.
+  std::vector<hsize_t> array_dims;
+  Id array_base(-1, api.t_close);
+  if (static_cast<H5TClass>(api.t_get_class(type.get())) == H5TClass::kArray) {
+    array_base.reset(api.t_get_super(type.get()));
+    const int rank = api.t_get_array_ndims(type.get());
+    if (!array_base.ok() || rank < 1 || rank > 32) {
+      throw FormatError(here + ": cannot read the shape of its array elements (" +
+                        hdf5_error_stack_locked() + ")");
+    }
+    array_dims.resize(static_cast<size_t>(rank));
+    if (api.t_get_array_dims(type.get(), array_dims.data()) != rank) {
+      throw FormatError(here + ": cannot read the shape of its array elements (" +
+                        hdf5_error_stack_locked() + ")");
+    }
+    if (static_cast<H5TClass>(api.t_get_class(array_base.get())) == H5TClass::kArray) {
+      throw InvalidArgument(here +
+                            " has elements that are arrays of arrays, which cannot become a tensor "
+                            "(arrays of numbers can)");
+    }
+  }
+  const hid_t element = array_base.ok() ? array_base.get() : type.get();
+  const TypeInfo info = classify_type_locked(element, here);
   dtype = info.dtype;
   element_size = dtype_size(dtype);
 
@@ -416,8 +445,10 @@ void Hdf5Dataset::describe_locked(hid_t, hid_t dset) {
   if (api.s_get_simple_extent_type(space.get()) != kH5SSimple || ndims < 1) {
     throw InvalidArgument(here + " is a scalar or empty dataspace; HDF5Source needs rows (axis 0)");
   }
-  std::vector<hsize_t> dims(static_cast<size_t>(ndims));
+  space_rank = static_cast<size_t>(ndims);
+  std::vector<hsize_t> dims(space_rank);
   api.s_get_simple_extent_dims(space.get(), dims.data(), nullptr);
+  dims.insert(dims.end(), array_dims.begin(), array_dims.end());
   for (const hsize_t d : dims) {
     if (d > static_cast<hsize_t>(std::numeric_limits<int64_t>::max())) {
       throw FormatError(here + ": dimension " + std::to_string(d) + " is too large");
@@ -430,14 +461,17 @@ void Hdf5Dataset::describe_locked(hid_t, hid_t dset) {
   const auto total = row_size ? checked_mul(*row_size, static_cast<size_t>(rows)) : std::nullopt;
   if (!total) throw FormatError(here + ": shape " + shape_to_string(shape) + " overflows size_t");
   row_bytes = *row_size;
+  cell_bytes =
+      *checked_nbytes(Shape(shape.begin() + static_cast<ptrdiff_t>(space_rank), shape.end()),
+                      dtype);  // (a factor of the total, which did not overflow)
 
   // The memory type for H5Dread: the file's type in this machine's byte
   // order, n-bit integers widened to their whole element.
   // An enum is read as its base integer: HDF5 refuses to change the byte
   // order of an enum that has members (H5Tset_order fails and the type stays
   // big-endian), and converts enum values to integers itself.
-  const bool is_enum = static_cast<H5TClass>(api.t_get_class(type.get())) == H5TClass::kEnum;
-  Id base(is_enum ? api.t_get_super(type.get()) : api.t_copy(type.get()), api.t_close);
+  const bool is_enum = static_cast<H5TClass>(api.t_get_class(element)) == H5TClass::kEnum;
+  Id base(is_enum ? api.t_get_super(element) : api.t_copy(element), api.t_close);
   Id mem_type(base.ok() ? api.t_copy(base.get()) : -1, api.t_close);
   if (!mem_type.ok()) throw FormatError(here + ": " + hdf5_error_stack_locked());
   bool typed = info.little_endian || api.t_set_order(mem_type.get(), kH5TOrderLe) >= 0;
@@ -451,6 +485,13 @@ void Hdf5Dataset::describe_locked(hid_t, hid_t dset) {
               api.t_set_offset(mem_type.get(), 0) >= 0 &&
               api.t_set_precision(mem_type.get(), element_size * 8) >= 0;
     }
+  }
+  if (typed && !array_dims.empty()) {
+    // (the array's id is taken before the value type's is closed)
+    const hid_t array = api.t_array_create(mem_type.get(), static_cast<unsigned>(array_dims.size()),
+                                           array_dims.data());
+    mem_type.reset(array);
+    typed = mem_type.ok();
   }
   if (!typed) {
     throw FormatError(here + ": HDF5 cannot describe its values in this machine's byte order (" +
@@ -508,10 +549,13 @@ void Hdf5Dataset::describe_locked(hid_t, hid_t dset) {
 void Hdf5Dataset::index_chunks_locked(hid_t dset, hid_t plist, const std::string& here) {
   const Hdf5Api& api = hdf5_api();
   const size_t ndim = shape.size();
-  std::vector<hsize_t> chunk_dims(ndim);
-  if (api.p_get_chunk(plist, static_cast<int>(ndim), chunk_dims.data()) != static_cast<int>(ndim)) {
+  std::vector<hsize_t> chunk_dims(space_rank);
+  if (api.p_get_chunk(plist, static_cast<int>(space_rank), chunk_dims.data()) !=
+      static_cast<int>(space_rank)) {
     throw FormatError(here + ": cannot read its chunk shape (" + hdf5_error_stack_locked() + ")");
   }
+  // A chunk holds whole array elements: their dimensions, one chunk across.
+  for (size_t d = space_rank; d < ndim; ++d) chunk_dims.push_back(static_cast<hsize_t>(shape[d]));
   for (size_t d = 0; d < ndim; ++d) {
     if (chunk_dims[d] == 0) throw FormatError(here + ": a chunk dimension is 0");
     chunk_shape.push_back(static_cast<int64_t>(chunk_dims[d]));
@@ -649,16 +693,16 @@ bool Hdf5Dataset::library_read_locked(hid_t dset, int64_t row, size_t box_from_d
   // fixed at 0 (first row) or their last index (other rows), and whose later
   // axes are whole: a contiguous range of the row.
   const Hdf5Api& api = hdf5_api();
-  const size_t ndim = shape.size();
+  const size_t ndim = space_rank;  // (an array element is read whole)
   std::vector<hsize_t> start(ndim, 0);
-  std::vector<hsize_t> count(shape.begin(), shape.end());
+  std::vector<hsize_t> count(shape.begin(), shape.begin() + static_cast<ptrdiff_t>(ndim));
   start[0] = static_cast<hsize_t>(row);
   count[0] = 1;
   for (size_t d = 1; d <= box_from_dim && d < ndim; ++d) {
     start[d] = row == 0 ? 0 : static_cast<hsize_t>(shape[d] - 1);
     count[d] = 1;
   }
-  const hsize_t elements = static_cast<hsize_t>(dst.size() / element_size);
+  const hsize_t elements = static_cast<hsize_t>(dst.size() / cell_bytes);
   Id file_space(api.d_get_space(dset), api.s_close);
   Id memory_space(api.s_create_simple(1, &elements, nullptr), api.s_close);
   const bool ok = file_space.ok() && memory_space.ok() &&
@@ -681,7 +725,7 @@ void Hdf5Dataset::check_fast_path_locked(hid_t dset) {
   // The box: trailing axes of the row whose bytes fit kCheckedBytes.
   size_t box_from_dim = 0;  // axes of the row before this one are fixed
   size_t box_bytes = row_bytes;
-  while (box_bytes > kCheckedBytes && box_from_dim < row_shape.size()) {
+  while (box_bytes > kCheckedBytes && box_from_dim + 1 < space_rank) {
     box_bytes /= static_cast<size_t>(std::max<int64_t>(row_shape[box_from_dim], 1));
     ++box_from_dim;
   }
@@ -812,7 +856,7 @@ void Hdf5Dataset::decode_into(size_t chunk, int64_t row, std::span<std::byte> ds
   const std::span<const std::byte> raw =
       read_raw(*reader, chunk, row, location.size <= kKeptBufferBytes ? kept : local);
   try {
-    decode_chunk_into(raw, filters, location.filter_mask, dst, element_size);
+    decode_chunk_into(raw, filters, location.filter_mask, dst, cell_bytes);
   } catch (const Error& e) {
     throw Error(where(row) + ": chunk " + std::to_string(chunk) + " at offset " +
                     std::to_string(location.address) + ": " + e.what(),

@@ -103,9 +103,14 @@ struct Hdf5Dataset {
   std::string data_path;  // the file that holds the data (another one through an external link)
   std::string name;
   DType dtype = DType::kU8;
-  size_t element_size = 1;
-  Shape shape;      // the whole dataset
+  size_t element_size = 1;  // of dtype
+  // The whole dataset: the dataspace's dimensions (the first space_rank),
+  // then those of an array element (PyTables' atoms with a shape), as h5py
+  // reads it. Chunks hold whole array elements.
+  Shape shape;
   Shape row_shape;  // shape[1:]
+  size_t space_rank = 0;
+  size_t cell_bytes = 0;  // one element of the dataspace: an array element whole
   int64_t rows = 0;
   size_t row_bytes = 0;
   Hdf5ReadPath read_path = Hdf5ReadPath::kLibrary;

@@ -118,6 +118,9 @@ std::string fill_table(void* handle, Hdf5Api& api) {
   resolve(handle, "H5Tset_size", api.t_set_size, missing);
   resolve(handle, "H5Tget_member_value", api.t_get_member_value, missing);
   resolve(handle, "H5Tget_super", api.t_get_super, missing);
+  resolve(handle, "H5Tget_array_ndims", api.t_get_array_ndims, missing);
+  resolve(handle, "H5Tget_array_dims2", api.t_get_array_dims, missing);
+  resolve(handle, "H5Tarray_create2", api.t_array_create, missing);
   resolve(handle, "H5Tget_nmembers", api.t_get_nmembers, missing);
   resolve(handle, "H5Tget_member_name", api.t_get_member_name, missing);
   resolve(handle, "H5Tget_member_type", api.t_get_member_type, missing);

@@ -51,6 +51,12 @@ def _library_linked_by(module_path):
     raise RuntimeError("h5py's HDF5 is not loaded")
 
 
+def _select_rows(space, start, count):
+    selected = space.copy()
+    selected.select_hyperslab((start, 0), (count, space.shape[1]))
+    return selected
+
+
 def write_h5py(d):
     import h5py
 
@@ -203,9 +209,33 @@ def write_h5py(d):
             h5py.h5d.create(
                 f.id, name.encode(), file_type, h5py.h5s.create_simple((ROWS, 6))
             ).write(h5py.h5s.ALL, h5py.h5s.ALL, stored.astype("u1"), mtype=memory_type)
+        # Array-typed elements the high-level API does not write: compact, a
+        # chunk never written (the fill value, read by the library), arrays
+        # of arrays (refused).
+        pairs = h5py.h5t.array_create(h5py.h5t.STD_U16LE, (2,))
+        dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        dcpl.set_layout(h5py.h5d.COMPACT)
+        h5py.h5d.create(f.id, b"array_compact", pairs, space, dcpl=dcpl).write(
+            h5py.h5s.ALL, h5py.h5s.ALL, _values("u2", (ROWS, 4, 2)), mtype=pairs
+        )
+        dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        dcpl.set_chunk((4, 4))
+        dcpl.set_deflate(3)
+        unwritten = h5py.h5d.create(f.id, b"array_unwritten_chunk", pairs, space, dcpl=dcpl)
+        unwritten.write(
+            h5py.h5s.create_simple((8, 4)),
+            _select_rows(space, 0, 8),
+            _values("u2", (8, 4, 2)),
+            mtype=pairs,
+        )
+        nested = h5py.h5t.array_create(pairs, (3,))
+        h5py.h5d.create(f.id, b"array_of_arrays", nested, h5py.h5s.create_simple((ROWS,))).write(
+            h5py.h5s.ALL, h5py.h5s.ALL, _values("u2", (ROWS, 3, 2)), mtype=nested
+        )
     for name in ("compact", "nbit", "nbit_type_only", "unfiltered_edges", "norm_none",
                  "norm_none_gzip", "bool_enum_int32", "bool_enum_i2_big_endian",
-                 "bool_enum_true_first", "enum_false_true_0_2", "enum_false_true_1_0"):  # fmt: skip
+                 "bool_enum_true_first", "enum_false_true_0_2", "enum_false_true_1_0",
+                 "array_compact", "array_unwritten_chunk", "array_of_arrays"):  # fmt: skip
         add(path, name, f"h5py low-level {name}")
 
     # libver earliest and latest, each with filters; SWMR.
@@ -369,9 +399,32 @@ def write_pytables(d):
         f.create_array("/", "complex128_array", c64.astype("c16"))
         table = f.create_table("/", "table", {"a": tables.Int32Col(), "b": tables.Float32Col()})
         table.append([(1, 2.0), (3, 4.0)])
+        # Atoms with a shape: each element an HDF5 array type, which h5py reads
+        # as trailing dimensions.
+        shaped = f.create_carray("/", "atom_shape_carray", tables.Float32Atom(shape=(3, 2)),
+                                 (ROWS, 5), chunkshape=(4, 2),
+                                 filters=tables.Filters(5, "zlib", shuffle=True))  # fmt: skip
+        shaped[:] = _values("f4", (ROWS, 5, 3, 2))
+        shaped = f.create_earray("/", "atom_shape_earray", tables.Int16Atom(shape=(5,)), (0,),
+                                 chunkshape=(6,), filters=tables.Filters(5, "blosc"))  # fmt: skip
+        shaped.append(_values("i2", (ROWS, 5)))
+        shaped = f.create_carray("/", "atom_shape_big_endian", tables.Int32Atom(shape=(3,)),
+                                 (ROWS,), chunkshape=(5,), byteorder="big")  # fmt: skip
+        shaped[:] = _values("i4", (ROWS, 3))
+        shaped = f.create_carray("/", "atom_shape_complex", tables.ComplexAtom(8, shape=(2,)),
+                                 (ROWS,), chunkshape=(7,))  # fmt: skip
+        shaped[:] = _values("f4", (ROWS, 2)) + 1j * _values("f4", (ROWS, 2), seed=1)
+        shaped = f.create_carray("/", "atom_shape_bool", tables.BoolAtom(shape=(4,)), (ROWS, 2),
+                                 chunkshape=(3, 2), filters=tables.Filters(5, "zlib"))  # fmt: skip
+        shaped[:] = _values("?", (ROWS, 2, 4))
+        shaped = f.create_array("/", "atom_shape_array", atom=tables.Float64Atom(shape=(2, 2)),
+                                shape=(ROWS,))  # fmt: skip
+        shaped[:] = _values("f8", (ROWS, 2, 2))
     for name in ("array", "carray_zlib", "carray_blosc", "carray_blosc_lz4", "carray_blosc2",
                  "carray_lzo_or_bzip2", "earray", "bool_atom", "bool_array", "table",
-                 "complex64", "complex128_array"):  # fmt: skip
+                 "complex64", "complex128_array", "atom_shape_carray", "atom_shape_earray",
+                 "atom_shape_big_endian", "atom_shape_complex", "atom_shape_bool",
+                 "atom_shape_array"):  # fmt: skip
         out.append({"file": path, "dataset": name, "what": f"PyTables {name}"})
     return out
 

@@ -32,6 +32,7 @@ REFUSED = {
     "compound": "compound elements",
     "table": "compound elements",
     "complex256": "complex elements of two 128-bit floats",
+    "array_of_arrays": "arrays of arrays",
 }
 
 # The fast path each of these must take (not fall back to the library).
@@ -56,6 +57,12 @@ FAST = {
     "h5py complex64": "pread",
     "h5py complex64_gzip_shuffle": "chunks",
     "h5py complex128": "pread",
+    "PyTables atom_shape_carray": "chunks",
+    "PyTables atom_shape_earray": "chunks",
+    "PyTables atom_shape_complex": "chunks",
+    "PyTables atom_shape_bool": "chunks",
+    "PyTables atom_shape_array": "pread",
+    "h5py low-level array_compact": "memory",
 }
 
 

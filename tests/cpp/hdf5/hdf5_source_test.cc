@@ -255,6 +255,46 @@ TEST(HDF5SourceTest, H5pysComplexCompoundsAreComplex64Rows) {
   EXPECT_NE(refused.find("has compound elements"), std::string::npos) << refused;
 }
 
+// Array-typed elements (PyTables' atoms with a shape) are rows with the
+// array's dimensions after the dataspace's, as h5py reads them.
+TEST(HDF5SourceTest, ArrayElementsAddTheirDimensionsToTheRow) {
+  TempDir dir;
+  const hsize_t cell[] = {3, 2};
+  const hid_t little = H5Tarray_create2(H5T_IEEE_F32LE, 2, cell);
+  const hid_t big = H5Tarray_create2(H5T_IEEE_F32BE, 2, cell);
+  const auto values = iota_values<float>(7 * 4 * 6, -3.5f);
+  write_dataset(dir.file("contiguous.h5"), "x", little, {7, 4}, values);
+  // Chunks of (3, 3) cells: every row spans two chunks, the last ones partial.
+  write_dataset(dir.file("chunked.h5"), "x", little, {7, 4}, values,
+                {.chunk = {3, 3}, .shuffle = true, .deflate = 4});
+  write_dataset(dir.file("big.h5"), "x", big, {7, 4}, values, {.chunk = {2, 4}});
+  for (const auto& [file, layout] :
+       {std::pair{"contiguous.h5", "pread"}, std::pair{"chunked.h5", "chunks"},
+        std::pair{"big.h5", "library: big-endian F32 is converted"}}) {
+    const auto source = HDF5Source::open({{"x", dir.file(file), "x", std::nullopt}});
+    EXPECT_EQ(source->fields()[0].dtype, DType::kF32) << file;
+    EXPECT_EQ(*source->fields()[0].shape, (Shape{4, 3, 2})) << file;
+    EXPECT_EQ(source->layout(0)[0].rfind(layout, 0), 0u) << file << ": " << source->layout(0)[0];
+    for (int64_t i = 6; i >= 0; --i) {
+      CollectingWriter writer(*source);
+      source->read_sample(i, writer);
+      EXPECT_EQ(writer.values<float>(0), row_of(values, static_cast<size_t>(i), 24))
+          << file << " row " << i;
+    }
+  }
+  // An array of arrays: refused, naming it.
+  const hsize_t outer[] = {2};
+  const hid_t nested = H5Tarray_create2(little, 1, outer);
+  write_dataset(dir.file("nested.h5"), "x", nested, {2}, iota_values<float>(2 * 2 * 6));
+  const std::string refused = error_of([&] {
+    HDF5Source::open({{"x", dir.file("nested.h5"), "x", std::nullopt}});
+  });
+  EXPECT_NE(refused.find("arrays of arrays"), std::string::npos) << refused;
+  H5Tclose(nested);
+  H5Tclose(little);
+  H5Tclose(big);
+}
+
 TEST(HDF5SourceTest, BadInputIsAClearError) {
   TempDir dir;
   write_dataset(dir.file("a.h5"), "x", H5T_NATIVE_INT32, {4, 2}, iota_values<int32_t>(8));
