@@ -25,7 +25,10 @@ import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import numpy as np
+
 from leanloader import _core
+from leanloader.arguments import integer
 
 # Pillow's Image.MAX_IMAGE_PIXELS: as Pillow, larger images are decoded with a
 # warning, and images over twice it refused from the header (a decompression
@@ -195,6 +198,25 @@ def _expand(paths_or_glob: Any) -> list[str]:
     raise TypeError(f"expected a path, a glob or a list of paths, got {paths_or_glob!r}")
 
 
+def _labels(labels: Any) -> list[int]:
+    # Integers only: int() made a label of 1.7 a silent 1.
+    if isinstance(labels, np.ndarray) and labels.dtype.kind in "iu":
+        return labels.astype(np.int64).tolist()
+    return [integer(f"labels[{position}]", value) for position, value in enumerate(labels)]
+
+
+def _check_utf8(path: str) -> None:
+    # A name that is not UTF-8 reaches Python with surrogate escapes, which
+    # the engine's paths (and its error messages) cannot carry.
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(
+            f"{path!r}: file names that are not UTF-8 are not supported; rename the file "
+            "(for example with convmv)"
+        ) from None
+
+
 class _ImageSource(_core.ImageSource):
     def __init__(
         self,
@@ -231,7 +253,9 @@ class _ImageSource(_core.ImageSource):
         dtype = _dtype_name(dtype)
         if normalize and dtype != normalize.dtype:
             raise ValueError(f"dtype={dtype!r} differs from Normalize's {normalize.dtype!r}")
-        labels = [] if labels is None else [int(v) for v in labels]
+        labels = [] if labels is None else _labels(labels)
+        for path in paths:
+            _check_utf8(path)
         self.transform = transform
         super().__init__(
             paths, labels, steps, _DTYPES[dtype], layout,
@@ -295,13 +319,70 @@ def find_classes(directory: str | os.PathLike) -> tuple[list[str], dict[str, int
     return classes, {name: index for index, name in enumerate(classes)}
 
 
+def has_file_allowed_extension(filename: str, extensions: str | tuple[str, ...]) -> bool:
+    """torchvision's: the file name, lower-cased, ends with one of ``extensions``
+    (as given: list them in lower case)."""
+    return filename.lower().endswith(
+        extensions if isinstance(extensions, str) else tuple(extensions)
+    )
+
+
+def make_dataset(
+    directory: str | os.PathLike,
+    class_to_idx: dict[str, int] | None = None,
+    extensions: str | tuple[str, ...] | None = None,
+    is_valid_file: Any = None,
+    allow_empty: bool = False,
+) -> list[tuple[str, int]]:
+    """torchvision's ``make_dataset``: ``(path, class index)`` of every file
+    under ``directory/<class>/`` (sub-folders walked, links followed, sorted)
+    that has one of ``extensions`` or that ``is_valid_file(path)`` keeps."""
+    directory = os.path.expanduser(directory)
+    if class_to_idx is None:
+        _, class_to_idx = find_classes(directory)
+    elif not class_to_idx:
+        raise ValueError("'class_to_index' must have at least one entry to collect any samples.")
+    if (extensions is None) == (is_valid_file is None):
+        raise ValueError(
+            "Both extensions and is_valid_file cannot be None or not None at the same time"
+        )
+    if extensions is not None:
+
+        def is_valid_file(path: str) -> bool:
+            return has_file_allowed_extension(path, extensions)
+
+    samples: list[tuple[str, int]] = []
+    available = set()
+    for target_class in sorted(class_to_idx):
+        class_index = class_to_idx[target_class]
+        target_dir = os.path.join(directory, target_class)
+        if not os.path.isdir(target_dir):
+            continue
+        for folder, _, files in sorted(os.walk(target_dir, followlinks=True)):
+            for file in sorted(files):
+                path = os.path.join(folder, file)
+                if is_valid_file(path):
+                    samples.append((path, class_index))
+                    available.add(target_class)
+    empty = set(class_to_idx) - available
+    if empty and not allow_empty:
+        message = f"Found no valid file for the classes {', '.join(sorted(empty))}. "
+        if extensions is not None:
+            listed = extensions if isinstance(extensions, str) else ", ".join(extensions)
+            message += f"Supported extensions are: {listed}"
+        raise FileNotFoundError(message)
+    return samples
+
+
 class ImageFolder(_ImageSource):
     """torchvision's ``ImageFolder``: ``root/<class>/**/<image>``, classes are
     the sorted sub-folders, labels their indices; files are kept when their
-    extension (any case) is in ``extensions`` (torchvision's IMG_EXTENSIONS) or
-    ``is_valid_file(path)`` says so. Attributes as torchvision's:
-    ``classes``, ``class_to_idx``, ``samples`` (= ``imgs``), ``targets``.
-    Other options as ``Images``."""
+    lower-cased name ends with one of ``extensions`` (torchvision's
+    IMG_EXTENSIONS; as ``DatasetFolder``'s argument) or ``is_valid_file(path)``
+    says so. Attributes as torchvision's: ``root``, ``classes``,
+    ``class_to_idx``, ``samples`` (= ``imgs``), ``targets``, ``extensions``;
+    a subclass may override ``find_classes`` and ``make_dataset`` as
+    torchvision's documentation shows. Other options as ``Images``."""
 
     def __init__(
         self,
@@ -309,46 +390,62 @@ class ImageFolder(_ImageSource):
         transform: Sequence[Transform] | None = None,
         is_valid_file: Any = None,
         allow_empty: bool = False,
-        extensions: tuple[str, ...] | None = None,
+        extensions: str | tuple[str, ...] | None = None,
         **options: Any,
     ):
-        self.root = os.fspath(root)
-        classes, class_to_idx = find_classes(self.root)
-        if is_valid_file is not None and extensions is not None:
-            raise ValueError("Both extensions and is_valid_file cannot be None or not None")
-        if is_valid_file is None:
-            allowed = tuple(e.lower() for e in (extensions or IMG_EXTENSIONS))
-
-            def is_valid_file(path: str) -> bool:
-                return path.lower().endswith(allowed)
-
-        samples: list[tuple[str, int]] = []
-        empty = []
-        for name in sorted(class_to_idx):
-            target_dir = os.path.join(self.root, name)
-            found = 0
-            for folder, _, files in sorted(os.walk(target_dir, followlinks=True)):
-                for file in sorted(files):
-                    path = os.path.join(folder, file)
-                    if is_valid_file(path):
-                        samples.append((path, class_to_idx[name]))
-                        found += 1
-            if not found:
-                empty.append(name)
-        if empty and not allow_empty:
-            raise FileNotFoundError(
-                f"Found no valid file for the classes {', '.join(sorted(empty))}. "
-                f"Supported extensions are: {', '.join(extensions or IMG_EXTENSIONS)}"
-            )
+        if isinstance(root, str):
+            root = os.path.expanduser(root)
+        self.root = root
+        if extensions is None and is_valid_file is None:
+            extensions = IMG_EXTENSIONS
+        classes, class_to_idx = self.find_classes(self.root)
+        samples = self.make_dataset(
+            self.root,
+            class_to_idx=class_to_idx,
+            extensions=extensions,
+            is_valid_file=is_valid_file,
+            allow_empty=allow_empty,
+        )
         if not samples:
-            raise FileNotFoundError(f"no image files under {self.root}")
-        _refuse_undecodable(self.root, [p for p, _ in samples])
+            # (torchvision's would be an empty dataset)
+            raise FileNotFoundError(
+                f"no image files under {os.fspath(self.root)}: every class folder is empty, "
+                "and a leanloader source needs at least one sample"
+            )
+        _refuse_undecodable(os.fspath(self.root), [p for p, _ in samples])
+        self.extensions = extensions
         self.classes = classes
         self.class_to_idx = class_to_idx
         self.samples = samples
         self.imgs = samples
         self.targets = [target for _, target in samples]
         super().__init__([p for p, _ in samples], self.targets, transform, **options)
+
+    @staticmethod
+    def make_dataset(
+        directory: str | os.PathLike,
+        class_to_idx: dict[str, int],
+        extensions: str | tuple[str, ...] | None = None,
+        is_valid_file: Any = None,
+        allow_empty: bool = False,
+    ) -> list[tuple[str, int]]:
+        """torchvision's ``DatasetFolder.make_dataset`` (override to list
+        samples otherwise)."""
+        if class_to_idx is None:
+            # torchvision: find_classes alone would not see a subclass's override
+            raise ValueError("The class_to_idx parameter cannot be None.")
+        return make_dataset(
+            directory,
+            class_to_idx,
+            extensions=extensions,
+            is_valid_file=is_valid_file,
+            allow_empty=allow_empty,
+        )
+
+    def find_classes(self, directory: str | os.PathLike) -> tuple[list[str], dict[str, int]]:
+        """torchvision's ``DatasetFolder.find_classes`` (override to choose the
+        classes)."""
+        return find_classes(directory)
 
 
 def __getattr__(name: str):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import math
+import os
 import pickle
 import struct
 import subprocess
@@ -13,6 +14,7 @@ import sys
 import textwrap
 import warnings
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -630,6 +632,69 @@ def test_image_folder_extensions_and_empty_classes_as_torchvision(tmp_path):
     ]
     with pytest.raises(FileNotFoundError, match="Couldn't find any class folder"):
         ll.ImageFolder(root / "a")
+
+
+def test_image_folder_lists_samples_as_torchvisions_dataset_folder(tmp_path, monkeypatch):
+    # torchvision 0.29's datasets/folder.py is the reference for each case.
+    root = tmp_path / "root"
+    write_jpegs(root / "a", 1)
+    write_jpegs(root / "b", 1)
+    natural_image(9, 9).save(root / "a" / "x.png")
+
+    # The documented way to choose classes: a subclass overriding find_classes
+    # (ignored before: both classes, b labelled 1).
+    class OnlyB(ll.ImageFolder):
+        def find_classes(self, directory):
+            return ["b"], {"b": 0}
+
+    ds = OnlyB(root)
+    assert ds.classes == ["b"] and [(os.path.basename(p), t) for p, t in ds.samples] == [
+        ("img000.jpg", 0)
+    ]
+
+    class Relabelled(ll.ImageFolder):
+        @staticmethod
+        def make_dataset(directory, class_to_idx, extensions=None, is_valid_file=None,
+                         allow_empty=False):  # fmt: skip
+            found = ll.image.make_dataset(directory, class_to_idx, extensions, is_valid_file)
+            return [(path, 7) for path, _ in found]
+
+    assert Relabelled(root).targets == [7, 7, 7]
+    assert [t for _, t in ll.ImageFolder(root).samples] == [0, 0, 1]
+    # extensions as DatasetFolder takes them: a string is one extension (not
+    # its characters), compared with the lower-cased name as given
+    only_png = ll.ImageFolder(root, extensions=".png", allow_empty=True)
+    assert [os.path.basename(p) for p, _ in only_png.samples] == ["x.png"]
+    for extensions in ((".JPG", ".PNG"), ()):
+        with pytest.raises(FileNotFoundError, match="Found no valid file for the classes a, b"):
+            ll.ImageFolder(root, extensions=extensions)
+    # is_valid_file given: no extension list in the message
+    with pytest.raises(FileNotFoundError) as error:
+        ll.ImageFolder(root, is_valid_file=lambda p: p.endswith(".png"))
+    assert str(error.value) == "Found no valid file for the classes b. "
+    with pytest.raises(ValueError, match="Both extensions and is_valid_file"):
+        ll.ImageFolder(root, extensions=".png", is_valid_file=bool)
+    # "~" expanded; a Path root kept as a Path
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert len(ll.ImageFolder("~/root")) == 3
+    assert ll.ImageFolder(root).root == root
+    # every class empty (allowed): torchvision's dataset is empty, a source cannot be
+    with pytest.raises(FileNotFoundError, match="every class folder is empty"):
+        ll.ImageFolder(root, is_valid_file=lambda p: False, allow_empty=True)
+
+
+def test_labels_and_file_names_the_engine_cannot_carry_are_refused(tmp_path):
+    write_jpegs(tmp_path, 2)
+    paths = sorted(str(p) for p in tmp_path.glob("*.jpg"))
+    with pytest.raises(TypeError, match=r"labels\[1\] must be an int, got float 1.7"):
+        ll.Images(paths, labels=[0, 1.7])  # was silently label 1
+    assert ll.Images(paths, labels=np.array([3, -1], dtype=np.int16)).labels == [3, -1]
+    odd = tmp_path / "folder" / "class" / os.fsdecode(b"caf\xe9.jpg")
+    odd.parent.mkdir(parents=True)
+    odd.write_bytes(Path(paths[0]).read_bytes())
+    for make in (lambda: ll.Images([odd]), lambda: ll.ImageFolder(tmp_path / "folder")):
+        with pytest.raises(ValueError, match="file names that are not UTF-8 are not supported"):
+            make()
 
 
 def test_image_folder_refuses_formats_it_cannot_decode_before_the_first_epoch(tmp_path):
