@@ -59,7 +59,8 @@ test-cpp: | $(VENV)/.requirements
 	ctest --test-dir build/cpp --output-on-failure --no-tests=error -j2 --timeout 300
 
 # The sanitizer and fuzz builds compile sources in batches (a unity build: a
-# third of the time on two cores). build/cpp and the Python module compile each
+# third of the time on two cores); the test program is batched in every tree
+# (CMakeLists.txt). build/cpp and the Python module compile each engine
 # file on its own: what ships and what the plain and Python tests check is
 # built as written (in a batch, a helper of one file can silently overload a
 # same-named helper of another), and every file is checked to stand alone.
