@@ -7,6 +7,7 @@ module-level classes so that spawned workers can import them.
 from __future__ import annotations
 
 import errno
+import json
 import multiprocessing
 import os
 import pickle
@@ -37,7 +38,7 @@ import leanloader as ll  # noqa: E402
 from leanloader import _core  # noqa: E402
 from leanloader.dataloader import batch_template, segments  # noqa: E402
 from leanloader.memory import process_tree_memory  # noqa: E402
-from processes import alive, wait_gone  # noqa: E402
+from processes import alive, run_to_the_end, wait_gone  # noqa: E402
 
 # --- datasets -------------------------------------------------------------------------------
 
@@ -490,22 +491,28 @@ class Rows:
 if __name__ == "__main__":
     if sys.argv[1] == "fresh":  # as where CUDA is initialised: a new interpreter
         torch.cuda.is_initialized = lambda: True
+    # "named": forkserver asked for by name, multiprocessing's own server
+    context = "forkserver" if sys.argv[1] == "named" else None
     loader = ll.DataLoader(Rows(), batch_size=4, num_workers=2,
-                           multiprocessing_context="forkserver")
+                           multiprocessing_context=context)
     batches = [b for b in loader]
-    preload = forkserver._forkserver._preload_modules
+    server = fork_server._server_of(loader._context)
+    assert (server is forkserver._forkserver) == (sys.argv[1] == "named")
+    preload = server._preload_modules
     rows = np.concatenate(batches)
-    print(sorted(set(preload)), int(fork_server.forked_from_this_process()),
+    print(sorted(set(preload)), int(fork_server.forked_from_this_process(loader._context)),
           int(rows[:, 0].sum()), int((rows[:, 1] == 0).sum()), int(rows[:, 2].sum()))
 """
 
 
-@pytest.mark.parametrize("server", ["forked", "fresh"])
+@pytest.mark.parametrize("server", ["forked", "fresh", "named"])
 def test_forkserver_workers_share_what_every_worker_imports(tmp_path, server):
-    # Without a GPU runtime the fork server is forked from the main process
-    # (it has what the program imported); with one it is a new interpreter
-    # that preloads torch, numpy, leanloader (and the dataset's module when
-    # importable). Either way the workers it forks share those pages.
+    # Without a GPU runtime leanloader's fork server is forked from the main
+    # process (it has what the program imported); with one, or when the
+    # loader names forkserver (multiprocessing's own server, as torch's), it
+    # is a new interpreter that preloads torch, numpy, leanloader (and the
+    # dataset's module when importable). Either way the workers it forks
+    # share those pages.
     script = tmp_path / "forkserver_preload.py"
     script.write_text(_FORK_SERVER_SCRIPT)
     result = subprocess.run(
@@ -515,7 +522,7 @@ def test_forkserver_workers_share_what_every_worker_imports(tmp_path, server):
     modules, counts = result.stdout.split("]")
     forked, with_torch, without_inductor, frozen = map(int, counts.split())
     assert forked == (server == "forked"), result.stdout
-    if server == "fresh":
+    if server != "forked":
         for module in ("__main__", "torch", "numpy", "leanloader"):
             assert f"'{module}'" in modules, result.stdout
     assert with_torch == 8  # every sample came from a worker with torch loaded
@@ -550,8 +557,8 @@ memfd = os.memfd_create("program-memory")
 if __name__ == "__main__":
     loader = ll.DataLoader(Rows(), batch_size=2, num_workers=2)
     assert sum(int(b.sum()) for b in loader) == 12
-    assert fork_server.forked_from_this_process()
-    server = forkserver._forkserver._forkserver_pid
+    assert fork_server.forked_from_this_process(loader._context)
+    server = fork_server.private_fork_server()._forkserver_pid
     ours = {os.readlink(f"/proc/self/fd/{fd}") for fd in (read_end, write_end, memfd)}
     held = {os.readlink(f"/proc/{server}/fd/{fd}") for fd in os.listdir(f"/proc/{server}/fd")}
     print("held", len(ours & held), sorted(t.split(":")[0] for t in held))
@@ -581,20 +588,20 @@ import os, signal, sys, time
 import numpy as np
 import torch
 import leanloader as ll
-from multiprocessing import forkserver
+from leanloader.dataloader.fork_server import private_fork_server
 
 if __name__ == "__main__":
     if sys.argv[1] == "fresh":
         torch.cuda.is_initialized = lambda: True
     loader = ll.DataLoader(Rows(), batch_size=2, num_workers=2)
     sums = [sum(int(b.sum()) for b in loader)]
-    first = forkserver._forkserver._forkserver_pid
+    first = private_fork_server()._forkserver_pid
     os.kill(first, signal.SIGKILL)
     while os.path.exists(f"/proc/{first}/status") and "zombie" not in open(
             f"/proc/{first}/status").read():
         time.sleep(0.01)
     sums.append(sum(int(b.sum()) for b in loader))  # a new pass: a new server
-    print(sums, forkserver._forkserver._forkserver_pid != first)
+    print(sums, private_fork_server()._forkserver_pid != first)
 """
 )
 
@@ -607,6 +614,78 @@ def test_a_fork_server_that_died_is_started_again(tmp_path, server):
                             text=True, timeout=120)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["[12,", "12]", "True"], result.stdout
+
+
+_SERVER_ISOLATION_SCRIPT = """
+import multiprocessing as mp
+import torch
+from torch.utils.data import Dataset
+import leanloader as ll
+import isolation_state  # STATE = "import-time"
+
+class Inner(Dataset):
+    def __len__(self):
+        return 4
+    def __getitem__(self, i):
+        return i
+
+class Outer(Dataset):
+    def __len__(self):
+        return 2
+    def __getitem__(self, i):
+        try:
+            return str(list(ll.DataLoader(Inner(), batch_size=2, num_workers=2)))
+        except AssertionError as error:
+            return str(error)
+
+class ReadsState(Dataset):
+    def __len__(self):
+        return 2
+    def __getitem__(self, i):
+        return isolation_state.STATE
+
+def leaf():
+    pass
+
+def middle(queue):
+    process = mp.get_context("forkserver").Process(target=leaf)
+    process.start()
+    process.join(60)
+    queue.put(process.exitcode)
+
+if __name__ == "__main__":
+    isolation_state.STATE = "set by main"
+    def states(loader_class, **context):
+        return sorted(set(loader_class(ReadsState(), batch_size=None, num_workers=1, **context)))
+    print(states(ll.DataLoader))  # leanloader's server: a fork of this process
+    named = {"multiprocessing_context": "forkserver"}
+    print(states(ll.DataLoader, **named), states(torch.utils.data.DataLoader, **named))
+    print(sorted(set(ll.DataLoader(Outer(), batch_size=None, num_workers=2))))
+    queue = mp.get_context("forkserver").SimpleQueue()
+    process = mp.get_context("forkserver").Process(target=middle, args=(queue,))
+    process.start()
+    process.join(60)
+    print(process.exitcode, queue.get() if process.exitcode == 0 else None)
+"""
+
+
+def test_leanloaders_fork_server_is_its_own(tmp_path):
+    # Forked from the main process at the first pass, leanloader's server had
+    # been multiprocessing's own, with its lock copied held: a loader named
+    # "forkserver" (torch's too, and any other forkserver process) then ran
+    # on it with the main process's state, and a loader in a worker, or a
+    # forkserver process started by a forkserver process, waited forever.
+    (tmp_path / "isolation_state.py").write_text('STATE = "import-time"\n')
+    script = tmp_path / "isolation.py"
+    script.write_text(_SERVER_ISOLATION_SCRIPT)
+    result = run_to_the_end([sys.executable, str(script)], timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines() == [
+        "['set by main']",
+        "['import-time'] ['import-time']",
+        "['daemonic processes are not allowed to have children']",  # as torch
+        "0 0",
+    ], result.stdout
 
 
 class ParentPids(Dataset):
@@ -1020,6 +1099,8 @@ def test_killed_worker_raises_naming_worker_signal_and_samples():
     assert f"worker 1 (pid {victim.pid})" in message
     assert "SIGKILL" in message
     assert "samples [[" in message  # the index lists it held
+    # the pass goes on with worker 0, as torch's, and ends with every worker gone
+    assert len(list(iterator)) > 0
     assert all(not w.is_alive() for w in iterator._workers)
     loader.close()
 
@@ -1152,6 +1233,92 @@ def test_ctrl_c_stops_every_worker_cleanly():
     assert stderr.count("KeyboardInterrupt") == 1, stderr
     assert "Fatal Python error" not in stderr
     assert wait_gone(workers)
+
+
+INTERRUPTED_NEXT_SCRIPT = textwrap.dedent(
+    """
+    import os, signal, sys, threading
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    sys.path.insert(0, {tests!r})
+    import torch
+    import leanloader as ll
+    from test_dataloader import Slow
+    for loader_class in (torch.utils.data.DataLoader, ll.DataLoader):
+        iterator = iter(loader_class(Slow(0.5, 6), batch_size=1, num_workers=2))
+        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
+        try:
+            next(iterator)
+        except KeyboardInterrupt:
+            print("interrupted", end=" ")
+        print(sum(1 for _ in iterator), flush=True)
+    """
+)
+
+
+def test_ctrl_c_during_next_leaves_the_iterator_usable_as_torchs():
+    # The iterator was shut down: every later next() raised "shut down after
+    # an error" where torch's goes on with the pass.
+    tests = str(Path(__file__).parent)
+    result = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED_NEXT_SCRIPT.format(tests=tests)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines() == ["interrupted 6"] * 2, result.stdout
+
+
+WORKER_DEATH_SCRIPT = textwrap.dedent(
+    """
+    import json, os, signal, sys
+    from torch.utils.data import Dataset
+    import leanloader as ll
+
+    class DiesAtFour(Dataset):
+        def __len__(self):
+            return 16
+        def __getitem__(self, i):
+            if i == 4 and not os.path.exists(sys.argv[1]):
+                open(sys.argv[1], "w").close()  # once: a later pass has all its workers
+                os.kill(os.getpid(), signal.SIGKILL)
+            return i
+
+    def one_pass(loader):
+        seen, iterator = [], iter(loader)
+        while True:
+            try:
+                seen.append(next(iterator).tolist()[0])
+            except StopIteration:
+                return seen
+            except RuntimeError as error:
+                seen.append("died" if "(pid" in str(error) else str(error))
+            if len(seen) > 40:
+                return seen  # (an iterator that raises at every call)
+
+    loader = ll.DataLoader(DiesAtFour(), batch_size=2, num_workers=2, persistent_workers=True)
+    print(json.dumps([one_pass(loader), one_pass(loader)]))
+    """
+)
+
+
+def test_a_worker_that_dies_is_reported_once_and_the_pass_goes_on_as_torchs(tmp_path):
+    # Batch [4, 5] kills worker 0. torch's iterator (_try_get_data,
+    # _mark_worker_as_unavailable) raises once and goes on with worker 1, the
+    # tasks sent to worker 0 left out; leanloader shut the iterator down
+    # (every later next() raised: a loop that skips errors never ended).
+    # (torch itself is not run: a worker SIGKILLed while its queue's feeder
+    # thread held the shared lock can hang torch's other worker.)
+    result = subprocess.run(
+        [sys.executable, "-c", WORKER_DEATH_SCRIPT, str(tmp_path / "died")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen, next_pass = json.loads(result.stdout)
+    assert seen.count("died") == 1, seen
+    batches = [first for first in seen if first != "died"]
+    assert batches == sorted(batches) and 4 not in batches, seen
+    assert {0, 2, 6, 14} <= set(batches), seen
+    # a persistent leanloader loader starts new workers for the next pass
+    assert next_pass == list(range(0, 16, 2)), next_pass
 
 
 # --- memory -----------------------------------------------------------------------------------

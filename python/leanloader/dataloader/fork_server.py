@@ -12,18 +12,92 @@ interpreter that preloads torch, numpy, leanloader and the dataset's module
 (then a frozen heap: fork_server_freeze.py), started deaf to Ctrl-C when the
 loader is built. Also:
 keeping the main script out of what a worker imports when nothing it
-receives lives there."""
+receives lives there.
+
+That server is leanloader's own (`private_fork_server`, started through
+`LeanForkServerContext`), the context of a loader that names none: a loader
+given `multiprocessing_context="forkserver"` (or a program that set that
+start method) gets multiprocessing's own fork server, a fresh interpreter, as
+torch's would, and the program's other forkserver processes never see ours
+(they would have run with the main process's state as of our first pass)."""
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import io
 import os
 import signal
 import socket
 import sys
 import threading
+from multiprocessing import context as mp_context
+from multiprocessing import forkserver as mp_forkserver
+from multiprocessing import popen_forkserver, reduction, spawn, util
 from typing import Any
+
+_private_server: Any = None
+
+
+def private_fork_server() -> Any:
+    """leanloader's fork server: a multiprocessing ForkServer of its own, not
+    the module's singleton that the program's other forkserver processes use."""
+    global _private_server
+    if _private_server is None:
+        _private_server = mp_forkserver.ForkServer()
+    return _private_server
+
+
+class _PrivatePopen(popen_forkserver.Popen):
+    def _launch(self, process_obj: Any) -> None:
+        # popen_forkserver.Popen._launch (Python 3.11 and 3.12), connecting to
+        # leanloader's server instead of the module's.
+        prep_data = spawn.get_preparation_data(process_obj._name)
+        buf = io.BytesIO()
+        mp_context.set_spawning_popen(self)
+        try:
+            reduction.dump(prep_data, buf)
+            reduction.dump(process_obj, buf)
+        finally:
+            mp_context.set_spawning_popen(None)
+        self.sentinel, w = private_fork_server().connect_to_new_process(self._fds)
+        # The child's sentinel of this process, as multiprocessing keeps it.
+        parent_w = os.dup(w)
+        self.finalizer = util.Finalize(self, util.close_fds, (parent_w, self.sentinel))
+        with open(w, "wb", closefd=True) as f:
+            f.write(buf.getbuffer())
+        self.pid = mp_forkserver.read_signed(self.sentinel)
+
+
+class _PrivateForkServerProcess(mp_context.ForkServerProcess):
+    @staticmethod
+    def _Popen(process_obj: Any) -> Any:
+        return _PrivatePopen(process_obj)
+
+
+class LeanForkServerContext(mp_context.ForkServerContext):
+    """The "forkserver" start method on leanloader's own server."""
+
+    Process = _PrivateForkServerProcess
+
+
+def default_context() -> Any:
+    """The context of a loader that names none (where torch would fork):
+    leanloader's fork server where its internals are the ones read here,
+    else multiprocessing's forkserver."""
+    if _internals_as_read(private_fork_server()):
+        return LeanForkServerContext()
+    import multiprocessing
+
+    return multiprocessing.get_context("forkserver")
+
+
+def _server_of(context: Any) -> Any:
+    return (
+        private_fork_server()
+        if isinstance(context, LeanForkServerContext)
+        else mp_forkserver._forkserver  # the module's singleton (no public getter)
+    )
 
 
 @contextlib.contextmanager
@@ -66,7 +140,7 @@ def initialised_gpu_runtime() -> str | None:
     return None
 
 
-def start_fork_server_early(dataset_module: str) -> None:
+def start_fork_server_early(dataset_module: str, context: Any) -> None:
     """At a loader's construction: a fork server that must be a fresh
     interpreter (a GPU runtime is initialised) starts now, so that its
     imports overlap the program's work until the first pass. One forked from
@@ -74,21 +148,24 @@ def start_fork_server_early(dataset_module: str) -> None:
     after the dataset's arrays were shared, it maps their shared copies
     instead of keeping the pages they were copied from."""
     if initialised_gpu_runtime() is not None:
-        ensure_fork_server(dataset_module)
+        ensure_fork_server(dataset_module, context)
 
 
-def ensure_fork_server(dataset_module: str) -> None:
-    """Starts the fork server if it is not running: forked from this process
-    where that is safe (no GPU runtime initialised here, the main thread),
-    else a fresh interpreter with torch, numpy,
-    leanloader and the dataset's module added to its preload list (kept:
-    whatever the user preloads). A running server keeps what it has."""
-    from multiprocessing import forkserver
-
-    server = forkserver._forkserver  # the module's singleton (no public getter)
+def ensure_fork_server(dataset_module: str, context: Any) -> None:
+    """Starts the fork server of `context` if it is not running: leanloader's
+    own (LeanForkServerContext) forked from this process where that is safe
+    (no GPU runtime initialised here, the main thread), else a fresh
+    interpreter with torch, numpy, leanloader and the dataset's module added
+    to its preload list (kept: whatever the user preloads). A running server
+    keeps what it has."""
+    server = _server_of(context)
     if _running(server):
         return
-    if initialised_gpu_runtime() is None and start_fork_server_from_this_process():
+    if (
+        isinstance(context, LeanForkServerContext)
+        and initialised_gpu_runtime() is None
+        and start_fork_server_from_this_process(server)
+    ):
         return
     modules = list(getattr(server, "_preload_modules", ["__main__"]))
     wanted = [*FORK_SERVER_PRELOAD]
@@ -99,28 +176,27 @@ def ensure_fork_server(dataset_module: str) -> None:
             modules.append(module)
     # last: freezes what the modules above made (fork_server_freeze.py)
     modules = [m for m in modules if m != FORK_SERVER_FREEZE] + [FORK_SERVER_FREEZE]
-    forkserver.set_forkserver_preload(modules)
-    start_fork_server_deaf_to_ctrl_c()
+    server.set_forkserver_preload(modules)
+    start_fork_server_deaf_to_ctrl_c(server)
 
 
-def start_fork_server_deaf_to_ctrl_c() -> None:
+def start_fork_server_deaf_to_ctrl_c(server: Any) -> None:
     """Starts the fork server with SIGINT blocked, a mask it keeps through
     exec: it ignores Ctrl-C only once it has imported its preload modules,
     so a Ctrl-C while it imports torch printed a second traceback, the
     server's. This process unblocks at once; a Ctrl-C that arrived meanwhile
     is delivered here."""
-    import threading
-    from multiprocessing import forkserver, resource_tracker
+    from multiprocessing import resource_tracker
 
     if threading.current_thread() is not threading.main_thread():
-        forkserver.ensure_running()
+        server.ensure_running()
         return
     # The resource tracker unblocks SIGINT after starting itself: started
     # first, its later ensure_running() calls leave the mask alone.
     resource_tracker.ensure_running()
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        forkserver.ensure_running()
+        server.ensure_running()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
@@ -129,13 +205,11 @@ def start_fork_server_deaf_to_ctrl_c() -> None:
 _forked_server_pid = 0
 
 
-def forked_from_this_process() -> bool:
-    """Whether the running fork server is a fork of this process: its
-    workers then have the program's modules, `__main__` included, without
-    importing anything again."""
-    from multiprocessing import forkserver
-
-    server = forkserver._forkserver
+def forked_from_this_process(context: Any) -> bool:
+    """Whether the running fork server of `context` is a fork of this
+    process: its workers then have the program's modules, `__main__`
+    included, without importing anything again."""
+    server = _server_of(context)
     return _forked_server_pid != 0 and server._forkserver_pid == _forked_server_pid
 
 
@@ -173,15 +247,14 @@ def _internals_as_read(server: Any) -> bool:
     )
 
 
-def start_fork_server_from_this_process() -> bool:
-    """multiprocessing.forkserver.ForkServer.ensure_running(), with the server
-    forked from this process instead of started as a new interpreter. False
-    (nothing started) where that is not safe here: not the main thread, or
-    another Python's forkserver."""
+def start_fork_server_from_this_process(server: Any) -> bool:
+    """multiprocessing.forkserver.ForkServer.ensure_running() of `server`,
+    with the server forked from this process instead of started as a new
+    interpreter. False (nothing started) where that is not safe here: not the
+    main thread, or another Python's forkserver."""
     global _forked_server_pid
-    from multiprocessing import connection, forkserver, resource_tracker, util
+    from multiprocessing import connection, resource_tracker
 
-    server = forkserver._forkserver
     if threading.current_thread() is not threading.main_thread() or not _internals_as_read(server):
         return False
     with server._lock:
@@ -205,6 +278,10 @@ def start_fork_server_from_this_process() -> bool:
             try:
                 pid = os.fork()
                 if pid == 0:
+                    # The lock this process holds was copied held: the server
+                    # and every worker forked from it would wait on it forever
+                    # at their own first forkserver start.
+                    server._lock = threading.Lock()
                     _serve_as_fork_server(listener.fileno(), alive_r)  # never returns
                 from leanloader import _core
 

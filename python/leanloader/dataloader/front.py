@@ -19,7 +19,11 @@ except ImportError:  # pragma: no cover - exercised without torch only
     ) from None
 
 from leanloader.dataloader import state as loader_state
-from leanloader.dataloader.fork_server import initialised_gpu_runtime, start_fork_server_early
+from leanloader.dataloader.fork_server import (
+    default_context,
+    initialised_gpu_runtime,
+    start_fork_server_early,
+)
 from leanloader.dataloader.options import option
 from leanloader.dataloader.pin import pin_setup, pinned, stop_previous_pass
 from leanloader.dataloader.process_iter import ProcessIterator
@@ -37,7 +41,6 @@ FORK_REFUSED = (
     "force_fork=True to fork anyway."
 )
 # How workers start when multiprocessing_context is None (see DataLoader._context).
-DEFAULT_START_METHOD = "forkserver"
 
 _T_co = TypeVar("_T_co", covariant=True)
 
@@ -101,6 +104,7 @@ class DataLoader(_TorchDataLoader[_T_co]):
         if worker_mode not in ("process", "thread"):
             raise ValueError(f"worker_mode must be 'process' or 'thread', got {worker_mode!r}")
         self._progress = loader_state.PassProgress()
+        self._default_context: Any = None
         self.worker_mode = worker_mode
         super().__init__(
             dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
@@ -124,7 +128,7 @@ class DataLoader(_TorchDataLoader[_T_co]):
                 # while the program goes on (a framework builds its model and
                 # optimizer between making the loader and iterating it): the
                 # first pass's workers fork from a server that is ready.
-                start_fork_server_early(type(dataset).__module__)
+                start_fork_server_early(type(dataset).__module__, self._context)
             if method != "fork" and not self.share_in_place:
                 # Likewise the shared copies of large arrays and tensors
                 # (those that cost no memory: sharing.py, SharingAhead).
@@ -159,20 +163,24 @@ class DataLoader(_TorchDataLoader[_T_co]):
         """The start method's context the workers are started with. As in
         torch, the loader's own, else the start method the program set with
         multiprocessing.set_start_method() (spawn or forkserver); else, where
-        torch would fork, forkserver. Where no GPU runtime is initialised
-        at the first pass of such a loader, the fork server is a fork of
-        this process (fork_server.py): it holds what the program imported,
+        torch would fork, leanloader's own fork server (fork_server.py). Where
+        no GPU runtime is initialised at the first pass of such a loader, that
+        server is a fork of this process: it holds what the program imported,
         in pages shared with this process, and its workers start from a
-        process without the program's threads or GPU runtime. Else it is a
-        fresh interpreter (as safe as spawn) that preloads torch, numpy,
-        leanloader and the dataset's module once, so workers share those
-        pages instead of each importing its own copy."""
+        process without the program's threads or GPU runtime. Else, and for a
+        forkserver asked for by name, it is a fresh interpreter (as safe as
+        spawn) that preloads torch, numpy, leanloader and the dataset's module
+        once, so workers share those pages instead of each importing its own
+        copy."""
         context = self.multiprocessing_context
         if context is not None:
             return context
         chosen = multiprocessing.get_start_method(allow_none=True)
-        method = chosen if chosen in ("spawn", "forkserver") else DEFAULT_START_METHOD
-        return multiprocessing.get_context(method)
+        if chosen in ("spawn", "forkserver"):
+            return multiprocessing.get_context(chosen)
+        if self._default_context is None:
+            self._default_context = default_context()
+        return self._default_context
 
     def state_dict(self) -> dict[str, Any]:
         """Where this loader stands (see ``dataloader/state.py``): the RNG state its
@@ -198,6 +206,8 @@ class DataLoader(_TorchDataLoader[_T_co]):
         stop_previous_pass(self)
         if self.persistent_workers and self.num_workers > 0:
             if self._iterator is None or not self._iterator.alive:
+                if self._iterator is not None:
+                    self._iterator.shutdown()  # (a worker died: the others go too)
                 self._iterator = self._new_iterator()
             else:
                 self._iterator._reset(self)  # (torch's pin warnings come once, not here)

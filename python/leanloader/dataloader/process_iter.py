@@ -80,7 +80,12 @@ ERROR_JOIN_S = 0.2
 
 
 class _Dead(Exception):
-    pass
+    """A worker died. `lost`: the pass goes on without it and its batches,
+    as torch's does; else the iterator shuts down."""
+
+    def __init__(self, message: str, lost: bool = False) -> None:
+        super().__init__(message)
+        self.lost = lost
 
 
 class _TimedOut(Exception):
@@ -132,6 +137,10 @@ class ProcessIterator:
         # The pass ended normally: later next() calls raise StopIteration
         # again, as torch's iterator does (Lightning's CombinedLoader relies on it).
         self._exhausted = False
+        # Ctrl-C arrived while next() waited for a result (nothing was half
+        # received): the iterator goes on, as torch's does.
+        self._interrupted_waiting = False
+        self._lost: set[int] = set()  # workers that died
         self._workers: list[Any] = []
         self._task_conns: list[Any] = []
         self._result_conns: list[Any] = []
@@ -187,14 +196,15 @@ class ProcessIterator:
                 # mp objects refuse to be pickled outside Process.start();
                 # a genuinely unpicklable dataset fails there again (below)
                 payload = PickledAtStart(setup, loader.dataset_sharing())
-        if method == "forkserver":
-            ensure_fork_server(type(loader.dataset).__module__)
+        if method == "forkserver" and not multiprocessing.current_process().daemon:
+            # (a worker's loader: Process.start() refuses it below, as torch's)
+            ensure_fork_server(type(loader.dataset).__module__, context)
         # A worker of spawn or of a fresh fork server imports the main script
         # (running its top level again, unless guarded) only when what it
         # receives needs something defined there; one of a fork server forked
         # from this process has `__main__` already.
         needs_main = method != "fork" and (not isinstance(payload, bytes) or b"__main__" in payload)
-        if needs_main and not (method == "forkserver" and forked_from_this_process()):
+        if needs_main and not (method == "forkserver" and forked_from_this_process(context)):
             unguarded = unguarded_main_line()
             if unguarded is not None:
                 raise RuntimeError(
@@ -244,7 +254,8 @@ class ProcessIterator:
 
     @property
     def alive(self) -> bool:
-        return not self._shutdown
+        """Whether another pass can run on these workers (none died)."""
+        return not self._shutdown and not self._lost
 
     def __iter__(self) -> ProcessIterator:
         return self
@@ -329,8 +340,14 @@ class ProcessIterator:
         except _SamplerRaised as sampler:
             raised = sampler.error
         except _Dead as dead:
-            self.shutdown(grace=ERROR_JOIN_S)
+            if not dead.lost:
+                self.shutdown(grace=ERROR_JOIN_S)
             raise RuntimeError(str(dead)) from None
+        except KeyboardInterrupt:
+            if not self._interrupted_waiting:
+                self.shutdown(grace=ERROR_JOIN_S)
+            self._interrupted_waiting = False
+            raise
         except BaseException as error:
             if not isinstance(error, _WorkerRaised):
                 self.shutdown(grace=ERROR_JOIN_S)
@@ -398,14 +415,20 @@ class ProcessIterator:
         worker liveness every POLL_S."""
         limit = self._timeout if self._timeout > 0 else None
         start = time.monotonic()
-        sentinels = {w.sentinel: i for i, w in enumerate(self._workers)}
-        conns = {c: i for i, c in enumerate(self._result_conns)}
+        sentinels = {w.sentinel: i for i, w in enumerate(self._workers) if i not in self._lost}
+        conns = {c: i for i, c in enumerate(self._result_conns) if i not in self._lost}
         # Pinned segments come back when the device's copies from them have
         # run: the fence's descriptor is readable then.
         device_fence = self.batch_segments.fence
         fence = [device_fence.ready_fd] if device_fence is not None else []
         while True:
-            ready = multiprocessing.connection.wait([*conns, *sentinels, *fence], timeout=POLL_S)
+            try:
+                ready = multiprocessing.connection.wait(
+                    [*conns, *sentinels, *fence], timeout=POLL_S
+                )
+            except KeyboardInterrupt:
+                self._interrupted_waiting = True
+                raise
             if fence and fence[0] in ready:
                 self.batch_segments.offer_free()
             for item in ready:
@@ -479,6 +502,9 @@ class ProcessIterator:
 
     def _check_workers(self, grace: bool) -> None:
         for worker_id, process in enumerate(self._workers):
+            # (as torch's: a worker that ran out, or one already reported dead, is not checked)
+            if not self._workers_status[worker_id]:
+                continue
             if process.exitcode is None and grace:
                 process.join(0)
             if process.exitcode is None:
@@ -525,10 +551,25 @@ class ProcessIterator:
                     f"starting: spawn re-imports {script} in each worker, and a script without "
                     '`if __name__ == "__main__":` fails there; or use worker_mode="thread")'
                 )
+            self._lose_worker(worker_id)
             raise _Dead(
                 f"{torch_words} leanloader DataLoader worker {worker_id} (pid {process.pid}) "
-                f"{how} while loading samples {pending}{hint}"
+                f"{how} while loading samples {pending}{hint}",
+                lost=True,
             )
+
+    def _lose_worker(self, worker_id: int) -> None:
+        """As torch's _mark_worker_as_unavailable after a death: no more tasks
+        for the worker, and the batches it was loading are left out of the
+        pass (their slots go back)."""
+        self._workers_status[worker_id] = False
+        self._lost.add(worker_id)
+        for task in [t for t, info in self._task_info.items() if info[0] == worker_id]:
+            if len(self._task_info[task]) == 1:
+                del self._task_info[task]
+                self.batch_segments.drop(task)
+                self._tasks_outstanding -= 1
+        self._workers_num_tasks[worker_id] = 0
 
     def shutdown(self, grace: float = 0.0) -> None:
         """Stops the workers: each gets `grace` seconds (SHUTDOWN_JOIN_S by
