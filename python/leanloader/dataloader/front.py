@@ -40,8 +40,6 @@ FORK_REFUSED = (
     "default) or 'spawn', create the loader's workers before the first GPU call, or pass "
     "force_fork=True to fork anyway."
 )
-# How workers start when multiprocessing_context is None (see DataLoader._context).
-
 _T_co = TypeVar("_T_co", covariant=True)
 
 

@@ -528,8 +528,7 @@ class ProcessIterator:
                     f"{code}."
                 )
                 how = f"exited with status {code}"
-            pending = [self._task_index[t] for t, info in sorted(self._task_info.items())
-                       if info[0] == worker_id and len(info) == 1]  # fmt: skip
+            pending = [self._task_index[task] for task in self._tasks_loading(worker_id)]
             script = getattr(sys.modules.get("__main__"), "__file__", None) or "the script"
             if code == UNGUARDED_EXIT:
                 raise _Dead(
@@ -564,12 +563,16 @@ class ProcessIterator:
         pass (their slots go back)."""
         self._workers_status[worker_id] = False
         self._lost.add(worker_id)
-        for task in [t for t, info in self._task_info.items() if info[0] == worker_id]:
-            if len(self._task_info[task]) == 1:
-                del self._task_info[task]
-                self.batch_segments.drop(task)
-                self._tasks_outstanding -= 1
+        for task in self._tasks_loading(worker_id):
+            del self._task_info[task]
+            self.batch_segments.drop(task)
+            self._tasks_outstanding -= 1
         self._workers_num_tasks[worker_id] = 0
+
+    def _tasks_loading(self, worker_id: int) -> list[int]:
+        """The tasks sent to `worker_id` that it has not answered, in order."""
+        return [task for task, info in sorted(self._task_info.items())
+                if info[0] == worker_id and len(info) == 1]  # fmt: skip
 
     def shutdown(self, grace: float = 0.0) -> None:
         """Stops the workers: each gets `grace` seconds (SHUTDOWN_JOIN_S by
