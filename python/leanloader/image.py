@@ -59,7 +59,7 @@ def _refuse_undecodable(root: str, paths: list[str]) -> None:
     more = f"\n  ... and {len(undecodable) - 5} more" if len(undecodable) > 5 else ""
     raise ValueError(
         f"ImageFolder({root!r}): {len(undecodable)} of {len(paths)} files are not JPEG, PNG, "
-        f"WebP, PPM/PGM/PBM, TIFF or BMP, the formats leanloader decodes:\n  {shown}{more}\n"
+        f"WebP, PPM/PGM/PBM, TIFF, BMP or GIF, the formats leanloader decodes:\n  {shown}{more}\n"
         "Convert them (for example with Pillow: Image.open(p).save(q.with_suffix('.png'))), "
         "leave them out with is_valid_file= or extensions=, or load them with ll.DataLoader "
         "over a PIL dataset."
@@ -463,7 +463,7 @@ def decode_image(
     accept_corrupt_jpeg: bool = True,
     exif_orientation: bool = False,
 ):
-    """Decodes a JPEG, PNG, WebP, PPM/PGM/PBM, TIFF or BMP (bytes or a path)
+    """Decodes a JPEG, PNG, WebP, PPM/PGM/PBM, TIFF, BMP or GIF (bytes or a path)
     to an (H, W, C) uint8 NumPy array, as ``Images`` does (a JPEG with
     corrupt data libjpeg works around
     is decoded with a ``RuntimeWarning``, as Pillow decodes it;

@@ -27,6 +27,7 @@ StoredSize webp_size(std::span<const std::byte> bytes);
 StoredSize pnm_size(std::span<const std::byte> bytes);
 StoredSize tiff_size(std::span<const std::byte> bytes);
 StoredSize bmp_size(std::span<const std::byte> bytes);
+StoredSize gif_size(std::span<const std::byte> bytes);
 
 // JPEG: decodes `box` (stored coordinates) at DCT scale num/8, num the
 // smallest in 1..8 that keeps the box at least min_width x min_height (1
@@ -50,6 +51,9 @@ void bmp_decode(std::span<const std::byte> bytes, const DecodeOptions& options, 
                 std::span<uint8_t> dst);
 // PBM/PGM/PPM, TIFF and BMP decode the whole image into `dst` (width x height x
 // channels bytes), as Pillow decodes and converts them.
+// GIF decodes the first frame on its canvas (see gif_codec.cc).
+void gif_decode(std::span<const std::byte> bytes, const DecodeOptions& options, StoredSize size,
+                std::span<uint8_t> dst);
 void pnm_decode(std::span<const std::byte> bytes, const DecodeOptions& options, StoredSize size,
                 std::span<uint8_t> dst);
 void tiff_decode(std::span<const std::byte> bytes, const DecodeOptions& options, StoredSize size,

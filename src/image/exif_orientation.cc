@@ -253,6 +253,7 @@ std::optional<int> exif_orientation(Bytes bytes, ImageFormat format) {
       return tiff_orientation(bytes);
     case ImageFormat::kPnm:
     case ImageFormat::kBmp:
+    case ImageFormat::kGif:
     case ImageFormat::kUnknown:
       break;
   }

@@ -150,10 +150,13 @@ bool decode_whole(std::span<const std::byte> bytes, ImageFormat format, StoredSi
     case ImageFormat::kBmp:
       detail::bmp_decode(bytes, options, size, dst);
       return false;
+    case ImageFormat::kGif:
+      detail::gif_decode(bytes, options, size, dst);
+      return false;
     case ImageFormat::kUnknown:
       break;
   }
-  throw FormatError("not a JPEG, PNG, WebP, PPM/PGM/PBM, TIFF or BMP image");
+  throw FormatError("not a JPEG, PNG, WebP, PPM/PGM/PBM, TIFF, BMP or GIF image");
 }
 
 }  // namespace
@@ -193,10 +196,13 @@ ImageInfo read_image_info(std::span<const std::byte> bytes, const DecodeOptions&
     case ImageFormat::kBmp:
       size = detail::bmp_size(bytes);
       break;
+    case ImageFormat::kGif:
+      size = detail::gif_size(bytes);
+      break;
     case ImageFormat::kUnknown:
       if (bytes.empty()) throw FormatError("empty file (0 bytes), not an image");
       throw FormatError(
-          "not a JPEG, PNG, WebP, PPM/PGM/PBM, TIFF or BMP image (unknown signature)");
+          "not a JPEG, PNG, WebP, PPM/PGM/PBM, TIFF, BMP or GIF image (unknown signature)");
   }
   const std::string name(image_format_name(info.format));
   if (size.width <= 0 || size.height <= 0) {

@@ -25,6 +25,9 @@ ImageFormat detect_image_format(std::span<const std::byte> bytes) noexcept {
     return ImageFormat::kPnm;
   }
   if (n >= 2 && b[0] == 'B' && b[1] == 'M') return ImageFormat::kBmp;
+  if (n >= 6 && (std::memcmp(b, "GIF87a", 6) == 0 || std::memcmp(b, "GIF89a", 6) == 0)) {
+    return ImageFormat::kGif;
+  }
   return ImageFormat::kUnknown;
 }
 
@@ -47,6 +50,8 @@ std::string_view image_format_name(ImageFormat format) noexcept {
       return "TIFF";
     case ImageFormat::kBmp:
       return "BMP";
+    case ImageFormat::kGif:
+      return "GIF";
     case ImageFormat::kUnknown:
       break;
   }

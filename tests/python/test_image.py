@@ -701,15 +701,17 @@ def test_image_folder_refuses_formats_it_cannot_decode_before_the_first_epoch(tm
     root = tmp_path / "root"
     write_jpegs(root / "a", 2)
     (root / "b").mkdir()
-    natural_image(20, 30).save(root / "b" / "x.gif")
+    natural_image(20, 30).save(root / "b" / "x.ico")
     natural_image(20, 30).save(root / "b" / "y.bmp")
+    natural_image(20, 30).save(root / "b" / "w.gif")
     # A JPEG named .gif is decoded (formats are told by their bytes).
     (root / "b" / "z.gif").write_bytes((root / "a" / "img000.jpg").read_bytes())
-    extensions = (".jpg", ".gif", ".bmp")
-    with pytest.raises(ValueError, match=r"1 of 5 files are not JPEG, PNG, WebP") as error:
+    extensions = (".jpg", ".gif", ".bmp", ".ico")
+    with pytest.raises(ValueError, match=r"1 of 6 files are not JPEG, PNG, WebP") as error:
         ll.ImageFolder(root, extensions=extensions)
-    assert "x.gif" in str(error.value) and "y.bmp" not in str(error.value)
-    assert "z.gif" not in str(error.value) and "is_valid_file" in str(error.value)
+    assert "x.ico" in str(error.value) and "y.bmp" not in str(error.value)
+    assert "gif" not in str(error.value) and "is_valid_file" in str(error.value)
+    assert len(read_all(ll.ImageFolder(root, extensions=(".jpg", ".gif")))["image"]) == 4
     # every extension torchvision's ImageFolder lists is decoded
     ds = ll.ImageFolder(root)
     assert len(ds) == 3 and len(read_all(ds)["image"]) == 3

@@ -108,6 +108,20 @@ def _encode(directory) -> dict[str, int]:
             "im_plain.ppm": ["-compress", "None", "{out}"],
             "im_gray.pgm": ["-colorspace", "Gray", "{out}"],
             "im_16bit.ppm": ["-depth", "16", "{out}"],
+            "im.gif": ["{out}"],
+            "im_interlaced.gif": ["-interlace", "GIF", "{out}"],
+            "im_16_colours.gif": ["-colors", "16", "{out}"],
+            "im_gray.gif": ["-colorspace", "Gray", "{out}"],
+            "im_transparent.gif": [
+                "-colors",
+                "32",
+                "-transparent",
+                "black",
+                "-fuzz",
+                "30%",
+                "{out}",
+            ],
+            "im_page_offset.gif": ["-repage", "80x60+7+5", "{out}"],
         }
         for name, options in magick.items():
             out = str(directory / name)

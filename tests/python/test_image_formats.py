@@ -15,25 +15,29 @@ Image = pytest.importorskip("PIL.Image")
 ImageOps = pytest.importorskip("PIL.ImageOps")
 
 
-def pillow(path, mode: str = "RGB") -> np.ndarray:
+def pillow(path, mode: str = "RGB", exif: bool = True) -> np.ndarray:
     with Image.open(path) as image:
-        image = ImageOps.exif_transpose(image)
+        if exif:
+            image = ImageOps.exif_transpose(image)
         return np.asarray(image.convert(mode))
 
 
-def ours(path, mode: str = "RGB") -> np.ndarray:
-    pixels = ll.decode_image(path, mode=mode, exif_orientation=True)
+def ours(path, mode: str = "RGB", exif: bool = True) -> np.ndarray:
+    pixels = ll.decode_image(path, mode=mode, exif_orientation=exif)
     return pixels[..., 0] if mode == "L" else pixels
 
 
-def same_or_both_refuse(path, mode: str = "RGB", tolerance: int = 0) -> str:
+def same_or_both_refuse(path, mode: str = "RGB", tolerance: int = 0, exif: bool = True) -> str:
+    """Pillow's Image.open -> exif_transpose -> convert(mode) against ours with
+    exif_orientation=True; with exif=False, torchvision's pil_loader
+    (Image.open -> convert) against our default."""
     try:
-        expected = pillow(path, mode)
+        expected = pillow(path, mode, exif)
     except Exception as error:  # Pillow refuses: so must we
         with pytest.raises((ValueError, OSError)):
-            ours(path, mode)
+            ours(path, mode, exif)
         return f"refused ({type(error).__name__})"
-    got = ours(path, mode)
+    got = ours(path, mode, exif)
     assert got.shape == expected.shape, (path, got.shape, expected.shape)
     difference = np.abs(got.astype(int) - expected.astype(int)).max(initial=0)
     assert difference <= tolerance, (path, mode, int(difference))
@@ -472,3 +476,145 @@ def test_a_tiffs_orientation_is_applied_as_pillow_applies_it_on_every_load(tmp_p
         images = ll.Images([str(path)], layout="HWC")
         (batch,) = ll.Loader(images, batch_size=1, output="numpy", collate="list")
         np.testing.assert_array_equal(batch["image"][0], expected)
+
+
+# -- GIF -------------------------------------------------------------------------------------
+
+
+def _gif_bytes(image, **options) -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    image.save(buffer, format="GIF", **options)
+    return buffer.getvalue()
+
+
+def _first_image(data: bytes) -> int:
+    """The offset of the first image descriptor (","), past the header, the
+    global colour table and the extensions."""
+    at = 13 + ((3 << ((data[10] & 7) + 1)) if data[10] & 0x80 else 0)
+    while data[at] == 0x21:
+        at += 2
+        while data[at]:
+            at += data[at] + 1
+        at += 1
+    assert data[at] == 0x2C
+    return at
+
+
+def gif_corpus(directory) -> list[str]:
+    """Pillow's GIFs (interlaced or not, gray, bilevel, transparent,
+    animated) and hand-patched ones: a frame offset inside or reaching past
+    the logical screen, gray-ramp/short/absent/local colour tables, bytes
+    and odd extensions between blocks, every LZW code size, damage."""
+    files = {
+        "p_small.gif": _gif_bytes(Image.fromarray(rng_image(9, 11, 3)).convert("P")),
+        "p_interlaced.gif": _gif_bytes(Image.fromarray(rng_image(40, 33, 3, seed=1)).convert("P")),
+        "p_not_interlaced.gif": _gif_bytes(
+            Image.fromarray(rng_image(40, 33, 3, seed=1)).convert("P"), interlace=0
+        ),
+        "l.gif": _gif_bytes(Image.fromarray(rng_image(20, 17, 1, seed=2))),
+        "bilevel.gif": _gif_bytes(Image.fromarray(rng_image(20, 17, 1, seed=3)).convert("1")),
+        "transparency.gif": _gif_bytes(
+            Image.fromarray(rng_image(30, 30, 3, seed=5)).convert("P"), transparency=7
+        ),
+    }
+    frames = [Image.fromarray(rng_image(26, 31, 3, seed=s)).convert("P") for s in range(3)]
+    files["animated.gif"] = _gif_bytes(frames[0], save_all=True, append_images=frames[1:])
+    base = files["p_small.gif"]
+    image = _first_image(base)
+    flags = base[10]
+    table = 3 << ((flags & 7) + 1)
+    ramp = bytes(v for i in range(table // 3) for v in (i, i, i))
+    code_size_at = image + 10
+
+    def patched(data, at, layout, *values):
+        data = bytearray(data)
+        struct.pack_into(layout, data, at, *values)
+        return bytes(data)
+
+    def before_image(data, extra):
+        at = _first_image(data)
+        return data[:at] + extra + data[at:]
+
+    screen = patched(base, 6, "<HH", 20, 15)
+    files["frame_offset.gif"] = patched(screen, image + 1, "<HH", 4, 3)
+    files["frame_past_screen.gif"] = patched(base, image + 1, "<HH", 6, 2)
+    files["screen_0x0.gif"] = patched(base, 6, "<HH", 0, 0)
+    transparent = files["transparency.gif"]
+    files["frame_offset_transparent.gif"] = patched(
+        patched(transparent, 6, "<HH", 40, 36), _first_image(transparent) + 1, "<HH", 5, 4
+    )
+    files["gray_ramp_table.gif"] = base[:13] + ramp + base[13 + table :]
+    no_table = base[:10] + bytes([flags & 0x7F]) + base[11:13] + base[13 + table :]
+    files["no_table.gif"] = no_table
+    gce_transparent_47 = b"\x21\xf9\x04\x01\x00\x00\x2f\x00"
+    files["no_table_transparent.gif"] = before_image(no_table, gce_transparent_47)
+    files["two_entry_table.gif"] = (
+        base[:10] + bytes([flags & 0xF8]) + base[11:13] + bytes([10, 20, 30, 200, 100, 50])
+        + base[13 + table :]
+    )  # fmt: skip
+    local = bytearray(base)
+    local[image + 9] |= 0x80 | (flags & 7)
+    # a gray-ramp local table beside a colour global one: Pillow's mode is L,
+    # its RGB the global table's colours, its L the indices
+    files["local_ramp.gif"] = bytes(local[: image + 10]) + ramp + bytes(local[image + 10 :])
+    files["local_ramp_transparent.gif"] = before_image(files["local_ramp.gif"], gce_transparent_47)
+    files["local_colour.gif"] = (
+        base[:13] + ramp + bytes(local[13 + table : image + 10]) + base[13 : 13 + table]
+        + bytes(local[image + 10 :])
+    )  # fmt: skip
+    files["bytes_between_blocks.gif"] = before_image(base, b"\x07\x01\x00")
+    files["comment.gif"] = before_image(base, b"\x21\xfe\x05hello\x03abc\x00")
+    files["extension_first_block_empty.gif"] = before_image(base, b"\x21\x01\x00\x02ab\x00")
+    files["gce_too_short.gif"] = before_image(base, b"\x21\xf9\x02\x01\x00\x00")
+    files["gce_transparent_5.gif"] = before_image(base, b"\x21\xf9\x04\x01\x00\x00\x05\x00")
+    files["gif87a.gif"] = b"GIF87a" + base[6:]
+    files["no_trailer.gif"] = base[:-1]
+    files["image_data_cut.gif"] = base[:-30]
+    files["header_cut.gif"] = base[:20]
+    files["image_ends_early.gif"] = patched(patched(base, 6, "<HH", 11, 12), image + 7, "<H", 12)
+    for code_size in (0, 1, 9, 13):
+        files[f"code_size_{code_size}.gif"] = patched(base, code_size_at, "B", code_size)
+    for k, at in enumerate((code_size_at + 10, code_size_at + 30)):
+        damaged = bytearray(base)
+        damaged[at] ^= 0xFF
+        files[f"damaged_{k}.gif"] = bytes(damaged)
+    files["empty_frame.gif"] = patched(base, image + 5, "<HH", 0, 0)
+    for name, data in files.items():
+        (directory / name).write_bytes(data)
+    return list(files)
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L", "RGBA"])
+def test_gif_files_decode_as_pillow_decodes_them(tmp_path, mode):
+    # GIFs carry no orientation; exif_transpose's copy would turn the
+    # local_ramp files' "L" into "P" (and convert them otherwise)
+    outcomes = {
+        name: same_or_both_refuse(tmp_path / name, mode, exif=False)
+        for name in gif_corpus(tmp_path)
+    }
+    refused = {name for name, outcome in outcomes.items() if outcome.startswith("refused")}
+    expected = {"gce_too_short.gif", "image_data_cut.gif", "header_cut.gif",
+                "image_ends_early.gif", "code_size_1.gif", "code_size_9.gif", "code_size_13.gif",
+                "damaged_0.gif", "damaged_1.gif", "empty_frame.gif"}  # fmt: skip
+    if mode == "RGBA":
+        expected.add("local_ramp_transparent.gif")  # Pillow: no P -> RGBA convert_transparent
+    assert refused == expected, outcomes
+    with pytest.raises(ValueError, match=r"image_data_cut\.gif.*GIF: image file is truncated"):
+        ll.decode_image(tmp_path / "image_data_cut.gif", mode=mode)
+
+
+def test_a_gif_named_jpg_in_an_image_folder_decodes_as_torchvisions_pil_loader(tmp_path):
+    """A GIF under an image extension (web-scraped datasets have them) was an
+    error in the middle of an epoch; torchvision's pil_loader decodes it."""
+    for label in ("a", "b"):
+        (tmp_path / label).mkdir()
+        Image.fromarray(rng_image(12, 10, 3, seed=len(label))).save(tmp_path / label / "0.png")
+    gif = tmp_path / "b" / "1.jpg"
+    gif.write_bytes(_gif_bytes(Image.fromarray(rng_image(12, 10, 3, seed=9)).convert("P")))
+    dataset = ll.ImageFolder(str(tmp_path), layout="HWC")
+    (batch,) = ll.Loader(dataset, batch_size=3, output="numpy", collate="list")
+    with Image.open(gif) as image:
+        np.testing.assert_array_equal(batch["image"][2], np.asarray(image.convert("RGB")))
+    assert list(batch["label"]) == [0, 1, 1]

@@ -111,6 +111,131 @@ TEST(ImageDecoderTest, DamagedTiffAndBmpAreFormatErrors) {
   EXPECT_THROW(decode({'M', 'M', 0, 42, 0xff, 0, 0, 0, 1, 2, 3}), FormatError);
 }
 
+// A GIF89a of `canvas_width` x `canvas_height` whose one frame (at x, y) holds
+// `indices`, LZW-coded with code size 8 and a clear code before every literal
+// (9-bit codes, no table), optionally with a global colour table, a
+// transparent index and interlaced rows.
+struct GifSpec {
+  int canvas_width = 0, canvas_height = 0, x = 0, y = 0, width = 0, height = 0;
+  std::vector<uint8_t> palette;  // RGB triplets, 256 of them, or none
+  int transparency = -1;
+  bool interlaced = false;
+};
+
+std::vector<uint8_t> encode_gif(const GifSpec& spec, const std::vector<uint8_t>& indices) {
+  std::vector<uint8_t> out = {'G', 'I', 'F', '8', '9', 'a'};
+  const auto u16 = [&out](int v) {
+    out.push_back(static_cast<uint8_t>(v & 0xFF));
+    out.push_back(static_cast<uint8_t>(v >> 8));
+  };
+  u16(spec.canvas_width);
+  u16(spec.canvas_height);
+  out.push_back(spec.palette.empty() ? 0 : 0xF7);
+  out.push_back(0);
+  out.push_back(0);
+  out.insert(out.end(), spec.palette.begin(), spec.palette.end());
+  if (spec.transparency >= 0) {
+    out.insert(out.end(), {0x21, 0xF9, 4, 1, 0, 0, static_cast<uint8_t>(spec.transparency), 0});
+  }
+  out.push_back(',');
+  u16(spec.x);
+  u16(spec.y);
+  u16(spec.width);
+  u16(spec.height);
+  out.push_back(spec.interlaced ? 0x40 : 0);
+  out.push_back(8);
+  std::vector<int> rows;  // file order of the rows
+  const int passes[4][2] = {{0, 8}, {4, 8}, {2, 4}, {1, 2}};
+  for (const auto& [start, step] : passes) {
+    for (int y = start; y < spec.height; y += spec.interlaced ? step : 1) rows.push_back(y);
+    if (!spec.interlaced) break;
+  }
+  std::vector<uint8_t> data;
+  uint32_t bits = 0;
+  int count = 0;
+  const auto code = [&](uint32_t c) {
+    bits |= c << count;
+    for (count += 9; count >= 8; count -= 8, bits >>= 8) data.push_back(bits & 0xFF);
+  };
+  for (const int y : rows) {
+    for (int x = 0; x < spec.width; ++x) {
+      code(256);
+      code(indices[static_cast<size_t>(y * spec.width + x)]);
+    }
+  }
+  code(257);
+  if (count > 0) data.push_back(bits & 0xFF);
+  for (size_t at = 0; at < data.size(); at += 255) {
+    const size_t n = std::min<size_t>(255, data.size() - at);
+    out.push_back(static_cast<uint8_t>(n));
+    out.insert(out.end(), data.begin() + static_cast<std::ptrdiff_t>(at),
+               data.begin() + static_cast<std::ptrdiff_t>(at + n));
+  }
+  out.insert(out.end(), {0, ';'});
+  return out;
+}
+
+TEST(ImageDecoderTest, GifsFirstFrameSitsOnItsCanvasAsPillowPutsIt) {
+  EXPECT_EQ(detect_image_format(as_bytes(text_bytes("GIF87a"))), ImageFormat::kGif);
+  EXPECT_EQ(detect_image_format(as_bytes(text_bytes("GIF89a"))), ImageFormat::kGif);
+  EXPECT_EQ(detect_image_format(as_bytes(text_bytes("GIF90a"))), ImageFormat::kUnknown);
+  std::vector<uint8_t> palette(768);
+  for (size_t i = 0; i < 256; ++i) {
+    palette[3 * i] = static_cast<uint8_t>(255 - i);
+    palette[3 * i + 1] = static_cast<uint8_t>(i / 2);
+    palette[3 * i + 2] = 7;
+  }
+  // a 3 x 9 frame at (1, 2) on a 5 x 10 canvas, rows interlaced (4 passes)
+  GifSpec spec{5, 10, 1, 2, 3, 9, palette, -1, true};
+  std::vector<uint8_t> indices(27);
+  for (size_t i = 0; i < indices.size(); ++i) indices[i] = static_cast<uint8_t>(10 + i);
+  const auto file = encode_gif(spec, indices);
+  const DecodedImage rgb = decode(file);
+  ASSERT_EQ(rgb.width, 5);
+  ASSERT_EQ(rgb.height, 11);  // the frame reaches past the screen: the canvas grows
+  const auto at = [&](const DecodedImage& image, int x, int y) {
+    return &image.pixels[static_cast<size_t>((y * image.width + x) * image.channels)];
+  };
+  for (int y = 0; y < 11; ++y) {
+    for (int x = 0; x < 5; ++x) {
+      const bool inside = x >= 1 && x < 4 && y >= 2;
+      const uint8_t index = inside ? indices[static_cast<size_t>((y - 2) * 3 + x - 1)] : 0;
+      const uint8_t* pixel = at(rgb, x, y);
+      ASSERT_EQ(pixel[0], 255 - index) << x << "," << y;
+      ASSERT_EQ(pixel[1], index / 2) << x << "," << y;
+      ASSERT_EQ(pixel[2], 7) << x << "," << y;
+    }
+  }
+  // transparent index 12: the canvas is filled with it, RGBA's alpha is 0 there
+  spec.transparency = 12;
+  const DecodedImage rgba = decode(encode_gif(spec, indices), {.mode = ColorMode::kRGBA});
+  EXPECT_EQ(at(rgba, 0, 0)[0], 255 - 12);
+  EXPECT_EQ(at(rgba, 0, 0)[3], 0);
+  EXPECT_EQ(at(rgba, 3, 2)[3], 0);    // index 12 inside the frame
+  EXPECT_EQ(at(rgba, 1, 2)[3], 255);  // index 10
+  // no colour table: gray, the index is the value
+  spec.palette.clear();
+  spec.transparency = -1;
+  const DecodedImage gray = decode(encode_gif(spec, indices), {.mode = ColorMode::kGray});
+  EXPECT_EQ(at(gray, 1, 3)[0], indices[3]);
+  EXPECT_EQ(at(gray, 0, 3)[0], 0);
+  // the stream cut inside the frame's data, an LZW code past the table
+  auto cut = file;
+  cut.resize(cut.size() - 12);
+  EXPECT_THROW(decode(cut), FormatError);
+  // header 13, colour table 768, descriptor 10, code size 1, block length 1
+  const size_t data = 13 + 768 + 10 + 1 + 1;
+  auto broken = file;
+  broken[data + 2] = 0xFF;  // the second code (bits 9-17) above the clear code after a clear
+  try {
+    decode(broken);
+    ADD_FAILURE() << "decoded";
+  } catch (const FormatError& error) {
+    EXPECT_NE(std::string(error.what()).find("broken data stream"), std::string::npos)
+        << error.what();
+  }
+}
+
 TEST(ImageDecoderTest, TellsAFilesFormatByItsFirstBytes) {
   const testing::TempDir dir;
   const auto rgb = pattern(8, 8);
