@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import os
 import warnings
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -227,6 +229,7 @@ class Loader:
             follow_updates=bool(follow_updates),
             pinning=self._pinning,
         )
+        _open_loaders.add(self)
         if self._runtime is not None:
             self._feed = _core.DeviceFeed(self._runtime, self._core.slot_bytes, prefetch_to_device)
         self.last_indices: list[int] = []
@@ -339,3 +342,20 @@ class Loader:
         core = getattr(self, "_core", None)
         if core is not None:
             core.close()
+
+
+# Loaders still open when the program exits are closed by an exit handler,
+# which runs before the interpreter starts finalizing: a reading thread that
+# asked for the GIL after that point (h5py's lock around every HDF5 call is
+# taken with it) was ended by CPython with pthread_exit, whose unwinding
+# through the engine's noexcept thread frame aborted the process (rc 134 in
+# 6 of 7 runs of a script that left an HDF5 pass unfinished).
+_open_loaders: weakref.WeakSet[Loader] = weakref.WeakSet()
+
+
+def _close_open_loaders() -> None:
+    for loader in list(_open_loaders):
+        loader.close()
+
+
+atexit.register(_close_open_loaders)
