@@ -507,7 +507,11 @@ def file_array_reference(array: Any, min_bytes: int) -> tuple | None:
     src/workers/file_backing.cc; ll.audit uses it too). Arrays under
     `min_bytes` that are not memmaps are not looked up (pickled by value)."""
     import numpy as np
-    from numpy.lib.array_utils import byte_bounds
+
+    try:
+        from numpy.lib.array_utils import byte_bounds
+    except ImportError:  # NumPy < 2.0
+        from numpy import byte_bounds
 
     if array.size == 0 or array.dtype.hasobject:
         return None
@@ -604,9 +608,11 @@ def _numpy_block_owner(array: Any, np: Any) -> Any:
         return None
     if owner.__array_interface__["data"][0] != array.__array_interface__["data"][0]:
         return None
-    multiarray = getattr(np, "_core", None) or np.core
-    get_handler_name = getattr(multiarray.multiarray, "get_handler_name", None)
-    if get_handler_name is None or get_handler_name(owner) != "default_allocator":
+    try:
+        from numpy._core.multiarray import get_handler_name  # NumPy 2 (1.26: a shim)
+    except ImportError:  # NumPy < 1.26
+        from numpy.core.multiarray import get_handler_name
+    if get_handler_name(owner) != "default_allocator":
         return None
     return owner
 
