@@ -71,10 +71,6 @@ void bind_hdf5(nb::module_& m) {
            "How each file of the field is read: pread, chunks, memory or library: <why>.")
       .def_prop_ro("chunk_cache_budget", &HDF5Source::chunk_cache_budget)
       .def_prop_ro("chunk_cache_bytes", &HDF5Source::chunk_cache_bytes)
-      .def_prop_ro("per_thread_scratch_bytes", &HDF5Source::per_thread_scratch_bytes,
-                   "Bytes one reading thread may hold besides the batch (a stored chunk before "
-                   "it is decoded, a decoded chunk of several rows); Loader.memory_bill() counts "
-                   "them per thread.")
       .def_static("library_threadsafe", &HDF5Source::library_threadsafe);
   m.def(
       "use_hdf5_library_of",

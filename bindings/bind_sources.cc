@@ -38,6 +38,10 @@ void bind_sources(nb::module_& m) {
                    "List of (name, dtype, per-sample shape or None when it varies).")
       .def("describe", &Source::describe)
       .def("sample_location", &Source::sample_location, nb::arg("index"))
+      .def_prop_ro("per_thread_scratch_bytes", &Source::per_thread_scratch_bytes,
+                   "Bytes one reading thread may hold besides the batch (a stored and a decoded "
+                   "chunk, an image's file bytes and decoded pixels); Loader.memory_bill() counts "
+                   "them per thread.")
       .def("__repr__", &Source::describe);
 
   nb::class_<ArraySource, Source>(m, "ArraySource")

@@ -70,7 +70,7 @@ void orient(DecodedImage& image, int orientation, std::vector<uint8_t>& spare) {
   const bool turned = turns(orientation);
   const int64_t width = turned ? image.height : image.width;
   const int64_t height = turned ? image.width : image.height;
-  spare.resize(image.pixels.size());
+  detail::resize_scratch(spare, image.pixels.size());
   cv::Mat target(static_cast<int>(height), static_cast<int>(width), type, spare.data());
   switch (orientation) {
     case 2:
@@ -258,7 +258,7 @@ void decode_image(std::span<const std::byte> bytes, const ImageInfo& info,
     const int64_t x1 = std::min(size.width, stored.x + stored.width + kMargin);
     const int64_t y1 = std::min(size.height, stored.y + stored.height + kMargin);
     const PixelBox margin{x0, y0, x1 - x0, y1 - y0};
-    out.pixels.resize(image_bytes(margin.width, margin.height, channels));
+    detail::resize_scratch(out.pixels, image_bytes(margin.width, margin.height, channels));
     detail::webp_decode(bytes, options, size, margin, out.pixels);
     out.width = margin.width;
     out.height = margin.height;
@@ -266,7 +266,7 @@ void decode_image(std::span<const std::byte> bytes, const ImageInfo& info,
     out.scale = 1.0;
     cut(out, {stored.x - x0, stored.y - y0, stored.width, stored.height});
   } else {
-    out.pixels.resize(image_bytes(size.width, size.height, channels));
+    detail::resize_scratch(out.pixels, image_bytes(size.width, size.height, channels));
     out.corrupt_data = decode_whole(bytes, info.format, size, options, out.pixels);
     out.width = size.width;
     out.height = size.height;

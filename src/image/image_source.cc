@@ -1,6 +1,7 @@
 #include "leanloader/image/image_source.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "image/scratch.h"
@@ -22,7 +23,7 @@ thread_local std::vector<std::byte> file_bytes;
 std::span<const std::byte> read_file(const std::string& path) {
   std::vector<std::byte>& bytes = file_bytes;
   const detail::File file(path);
-  bytes.resize(file.size());
+  detail::resize_scratch(bytes, file.size());
   file.read_exact(0, bytes);
   return bytes;
 }
@@ -44,29 +45,58 @@ ImageSource::ImageSource(std::vector<std::string> paths, std::vector<int64_t> la
   specs_.push_back({"image", options_.output.dtype, shape});
   if (!labels_.empty()) specs_.push_back({"label", DType::kI64, Shape{}});
 
-  size_t label_bytes = labels_.empty() ? 0 : sizeof(int64_t);
-  if (shape) {
-    estimated_bytes_ = checked_nbytes(*shape, options_.output.dtype).value_or(0) + label_bytes;
-    return;
-  }
-  // Plan a few images from their headers (arithmetic only).
+  // Plan a few images from their headers (arithmetic only): the output's
+  // typical size when shapes vary, and what a thread holds while decoding.
   size_t total = 0, seen = 0;
   const size_t step = std::max<size_t>(1, paths_.size() / kSizeProbe);
   for (size_t i = 0; i < paths_.size() && seen < kSizeProbe; i += step) {
     try {
+      const detail::File file(paths_[i]);
       const std::vector<std::byte> header = detail::read_file_prefix(paths_[i], kHeaderBytes);
       const ImageInfo info = read_image_info(header, options_.decode);
       SampleRandom random(0, 0, i);
       const TransformParams params = transform_.plan(info.width, info.height, random);
-      total += checked_nbytes(transform_.output_shape(params.output_height, params.output_width),
-                              options_.output.dtype)
-                   .value_or(0);
+      const size_t output =
+          checked_nbytes(transform_.output_shape(params.output_height, params.output_width),
+                         options_.output.dtype)
+              .value_or(0);
+      total += output;
       ++seen;
+      scratch_bytes_ =
+          std::max(scratch_bytes_, decode_scratch_bytes(file.size(), info, params) + output);
     } catch (const Error&) {
       // A header larger than the probe, or a bad file: its sample will say.
     }
   }
-  estimated_bytes_ = (seen == 0 ? size_t{3} << 20 : total / seen) + label_bytes;
+  const size_t label_bytes = labels_.empty() ? 0 : sizeof(int64_t);
+  if (shape) {
+    estimated_bytes_ = checked_nbytes(*shape, options_.output.dtype).value_or(0) + label_bytes;
+  } else {
+    estimated_bytes_ = (seen == 0 ? size_t{3} << 20 : total / seen) + label_bytes;
+  }
+}
+
+size_t ImageSource::decode_scratch_bytes(size_t file_bytes, const ImageInfo& info,
+                                         const TransformParams& params) const {
+  const auto channels = static_cast<double>(color_mode_channels(options_.decode.mode));
+  // Each buffer is kept at the largest size a sample of the pass needed, so
+  // the bound is the whole image: a random crop may take all of it. A JPEG
+  // is decoded at its DCT scale (the probed sample's: larger than a whole-
+  // image crop's).
+  const double whole = static_cast<double>(info.width) * static_cast<double>(info.height);
+  const double scale = params.decode_scale * params.decode_scale;
+  double decoded = info.format == ImageFormat::kJpeg ? whole * scale : whole;
+  if (info.orientation > 1) decoded *= 2;  // the decoded pixels and their turned copy
+  // A resize's horizontal pass runs on a transposed copy of its input, and
+  // each pass leaves rows of one output side by the other input side.
+  double resized = 0;
+  for (const auto& [height, width] : params.resizes) {
+    const double passes =
+        2 * std::max(static_cast<double>(width) * static_cast<double>(info.height),
+                     static_cast<double>(height) * static_cast<double>(info.width));
+    resized = std::max(resized, whole * scale + passes * std::sqrt(scale));
+  }
+  return file_bytes + static_cast<size_t>((decoded + resized) * channels);
 }
 
 void ImageSource::check_index(int64_t index) const {

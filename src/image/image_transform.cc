@@ -166,7 +166,8 @@ PixelBox intersect(const PixelBox& box, int64_t width, int64_t height) {
 View pad_into(const View& from, const PixelBox& box, std::vector<uint8_t>& canvas) {
   const auto channels = static_cast<size_t>(from.channels);
   const size_t row = static_cast<size_t>(box.width) * channels;
-  canvas.assign(row * static_cast<size_t>(box.height), 0);
+  detail::resize_scratch(canvas, row * static_cast<size_t>(box.height));
+  std::fill(canvas.begin(), canvas.end(), uint8_t{0});
   const PixelBox inside = intersect(box, from.width, from.height);
   for (int64_t y = 0; y < inside.height; ++y) {
     const uint8_t* source = from.data + static_cast<size_t>(inside.y + y) * from.stride +
@@ -184,7 +185,7 @@ View pad_into(const View& from, const PixelBox& box, std::vector<uint8_t>& canva
 // transparent pixel does not bleed into its neighbours.
 void premultiply(const View& from, std::vector<uint8_t>& out) {
   const size_t row = static_cast<size_t>(from.width) * 4;
-  out.resize(row * static_cast<size_t>(from.height));
+  detail::resize_scratch(out, row * static_cast<size_t>(from.height));
   for (int64_t y = 0; y < from.height; ++y) {
     const uint8_t* in = from.data + static_cast<size_t>(y) * from.stride;
     uint8_t* to = out.data() + static_cast<size_t>(y) * row;
@@ -653,7 +654,7 @@ void ImageTransform::run(std::span<const std::byte> bytes, const ImageInfo& info
     std::vector<uint8_t>& target = buffers[spare];
     if (!last) {
       spare ^= 1;
-      target.resize(row * static_cast<size_t>(op.height));
+      detail::resize_scratch(target, row * static_cast<size_t>(op.height));
     }
     uint8_t* out = last ? reinterpret_cast<uint8_t*>(dst.data()) : target.data();
     if (fractional) {

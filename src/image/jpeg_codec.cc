@@ -21,6 +21,7 @@
 
 #include "image/codecs.h"
 #include "image/pillow_pixels.h"
+#include "image/scratch.h"
 #include "leanloader/core/checked_size.h"
 #include "leanloader/core/error.h"
 
@@ -237,7 +238,7 @@ void jpeg_decode(std::span<const std::byte> bytes, const DecodeOptions& options,
     target = dst.data();
   } else {
     try {
-      out.pixels.resize(out_row * static_cast<size_t>(height));
+      resize_scratch(out.pixels, out_row * static_cast<size_t>(height));
     } catch (...) {
       jpeg_destroy_decompress(&cinfo);
       throw;

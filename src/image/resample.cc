@@ -174,8 +174,8 @@ void horizontal_pass(const uint8_t* in, size_t in_stride, int64_t rows, int64_t 
   const ScratchTrim<uint8_t, 2> trim({&turned, &resampled});  // (released after a huge image)
   const size_t turned_row = static_cast<size_t>(rows) * static_cast<size_t>(channels);
   const auto width = static_cast<int64_t>(across.first.size());
-  turned.resize(static_cast<size_t>(columns) * turned_row);
-  resampled.resize(static_cast<size_t>(width) * turned_row);
+  resize_scratch(turned, static_cast<size_t>(columns) * turned_row);
+  resize_scratch(resampled, static_cast<size_t>(width) * turned_row);
   transpose(in, in_stride, rows, columns, channels, turned.data(), turned_row);
   vertical_pass(turned.data(), turned_row, column_offset, rows, across, channels, resampled.data(),
                 turned_row);
@@ -217,7 +217,7 @@ void resample_bilinear(const PixelPlane& from, float x0, float y0, float x1, flo
     const int64_t first = across.first.front();
     const int64_t used = across.first.back() + across.count.back() - first;
     const size_t middle_row = static_cast<size_t>(used) * static_cast<size_t>(channels);
-    scratch.resize(static_cast<size_t>(height) * middle_row);
+    resize_scratch(scratch, static_cast<size_t>(height) * middle_row);
     vertical_pass(from.data + static_cast<size_t>(first) * channels, from.stride, 0, used, down,
                   channels, scratch.data(), middle_row);
     horizontal_pass(scratch.data(), middle_row, height, used, first, across, channels, to, out_row);
@@ -225,7 +225,7 @@ void resample_bilinear(const PixelPlane& from, float x0, float y0, float x1, flo
   }
   const int64_t first = down.first.front();
   const int64_t used = down.first.back() + down.count.back() - first;
-  scratch.resize(static_cast<size_t>(used) * out_row);
+  resize_scratch(scratch, static_cast<size_t>(used) * out_row);
   horizontal_pass(from.data + static_cast<size_t>(first) * from.stride, from.stride, used,
                   from.width, 0, across, channels, scratch.data(), out_row);
   vertical_pass(scratch.data(), out_row, first, width, down, channels, to, out_row);

@@ -32,4 +32,15 @@ class ScratchTrim {
   std::vector<T>* buffers_[N];
 };
 
+// Sizes a scratch buffer to `count` elements whose old contents are not
+// needed: a buffer too small is freed first and allocated at exactly `count`
+// (vector::resize would hold the old and the new one at once while it
+// copies, and grow to as much as twice `count`), so that a thread holds at
+// most what its largest sample needs — the figure the memory bill counts.
+template <class T>
+void resize_scratch(std::vector<T>& buffer, size_t count) {
+  if (count > buffer.capacity()) std::vector<T>().swap(buffer);
+  buffer.resize(count);
+}
+
 }  // namespace leanloader::detail

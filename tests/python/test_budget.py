@@ -139,3 +139,29 @@ def test_budget_is_kept_with_an_hdf5_source_of_multi_row_chunks(tmp_path):
     assert growth <= budget + 4 * 2**20, (growth, budget)  # + interpreter noise
     with pytest.raises(ValueError, match="bytes per thread for 2 threads"):
         ll.Loader(source, batch_size=4, num_threads=2, memory_budget=held + slot)
+
+
+def test_the_bill_holds_what_threads_decoding_images_hold(tmp_path):
+    """Each thread holds an image's file bytes and its decoded pixels while it
+    decodes; the bill counted only the batch slots (an 8 MiB budget was
+    exceeded 20x by 4000x3000 PNGs, without a word)."""
+    Image = pytest.importorskip("PIL.Image")
+    rng = np.random.default_rng(0)
+    (tmp_path / "c").mkdir()
+    for i in range(6):
+        pixels = rng.integers(0, 256, (1200, 1600, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(tmp_path / "c" / f"{i}.png", compress_level=0)
+    file_bytes = (tmp_path / "c" / "0.png").stat().st_size
+    source = ll.ImageFolder(tmp_path, transform=[ll.RandomResizedCrop(32)])
+    assert source.per_thread_scratch_bytes >= file_bytes + 1200 * 1600 * 3
+    loader = ll.Loader(source, batch_size=2, num_threads=2, prefetch=1, output="numpy")
+    assert loader.memory_bill() >= 2 * source.per_thread_scratch_bytes
+    baseline = _core.process_tree_memory(os.getpid())["unreclaimable_bytes"]
+    with PeakSampler() as sampler:
+        for _ in range(2):
+            for batch in loader:
+                assert batch["image"].shape == (2, 3, 32, 32)
+    growth = sampler.peak - baseline
+    assert 8 * 2**20 < growth <= loader.memory_bill() + 4 * 2**20, (growth, loader.memory_bill())
+    with pytest.raises(ValueError, match="per thread"):
+        ll.Loader(source, batch_size=2, num_threads=2, memory_budget="8MiB")

@@ -45,6 +45,12 @@ class ImageSource final : public Source {
   std::string describe() const override;
   std::string sample_location(int64_t index) const override;
   size_t estimated_sample_bytes() const override { return estimated_bytes_; }
+  // What one reading thread holds while it decodes, from the headers probed
+  // at construction: the largest of their file bytes plus decoded pixels
+  // (a JPEG's decode region at its DCT scale; a whole image otherwise, twice
+  // when EXIF orientation turns it) plus a resize's transposed copy of its
+  // input plus the output before it is written.
+  size_t per_thread_scratch_bytes() const override { return scratch_bytes_; }
 
   // The parameters sample `index` gets in (seed, epoch): reads the file's
   // header only. Errors as read_sample's.
@@ -56,6 +62,8 @@ class ImageSource final : public Source {
 
  private:
   void check_index(int64_t index) const;
+  size_t decode_scratch_bytes(size_t file_bytes, const ImageInfo& info,
+                              const TransformParams& params) const;
 
   std::vector<std::string> paths_;
   std::vector<int64_t> labels_;
@@ -63,6 +71,7 @@ class ImageSource final : public Source {
   ImageTransform transform_;
   std::vector<FieldSpec> specs_;
   size_t estimated_bytes_ = 0;
+  size_t scratch_bytes_ = 0;
 };
 
 }  // namespace leanloader
