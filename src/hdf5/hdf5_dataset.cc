@@ -818,6 +818,11 @@ size_t Hdf5Dataset::raw_chunk_bytes() const {
   return largest;
 }
 
+size_t Hdf5Dataset::library_chunk_bytes() const {
+  if (read_path != Hdf5ReadPath::kLibrary || chunk_bytes == 0) return 0;
+  return checked_mul(chunk_bytes, size_t{3}).value_or(SIZE_MAX);
+}
+
 size_t Hdf5Dataset::decoded_chunk_bytes() const {
   return read_path == Hdf5ReadPath::kChunks && !chunk_is_row ? chunk_bytes : 0;
 }

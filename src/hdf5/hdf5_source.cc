@@ -133,15 +133,17 @@ std::shared_ptr<HDF5Source> HDF5Source::open_matched(std::vector<Matched> matche
   source->description_ = "HDF5Source(" + description + ")";
   size_t raw = 0;
   size_t decoded = 0;
+  size_t library = 0;
   for (const Field& field : source->fields_) {
     for (const auto& part : field.parts) {
       raw = std::max(raw, part->raw_chunk_bytes());
       decoded = std::max(decoded, part->decoded_chunk_bytes());
+      library = std::max(library, part->library_chunk_bytes());
     }
   }
   const auto scratch = checked_add(raw, decoded);
   if (!scratch) throw InvalidArgument("HDF5Source: chunk sizes overflow size_t");
-  source->scratch_bytes_ = *scratch;
+  source->scratch_bytes_ = std::max(*scratch, library);
   source->matched_ = std::move(matched);
   return source;
 }
