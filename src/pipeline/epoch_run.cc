@@ -117,11 +117,30 @@ class EpochRun::RowWriter final : public SampleWriter {
     if (fits_a_slot && range_fits(offset, *reserved, slot_->size())) {
       tensor = Tensor(slot_, offset, spec.dtype, shape);
     } else {
-      run_.plan_.counters->heap_fallback_bytes += bytes;
+      LoaderCounters& counters = *run_.plan_.counters;
+      counters.heap_fallback_bytes += bytes;
       tensor = Tensor(HeapStorage::allocate(bytes), 0, spec.dtype, shape);
+      if (!counters.heap_fallback_warned.exchange(true)) warn_heap_fallback(spec, bytes);
     }
     state_.row_tensors[static_cast<size_t>(row_)][field] = tensor;
     return {tensor.data(), bytes};
+  }
+
+  // A sample of collate='list' that does not fit what is left of its batch
+  // slot is held outside the planned memory: said once per loader, since
+  // the bill and the budget cannot count it (stats() counts them all).
+  void warn_heap_fallback(const FieldSpec& spec, size_t bytes) {
+    const int64_t index = state_.indices[static_cast<size_t>(row_)];
+    const std::string location = run_.plan_.source->sample_location(index);
+    std::lock_guard lock(state_.warnings_mutex);
+    state_.warnings.push_back(
+        "sample " + std::to_string(index) + (location.empty() ? "" : " ('" + location + "')") +
+        ": field '" + spec.name + "' takes " + std::to_string(bytes) +
+        " bytes, more than is left of its batch slot of " + std::to_string(slot_->size()) +
+        " bytes (planned from " + std::to_string(run_.plan_.source->estimated_sample_bytes()) +
+        " bytes per sample: sizes vary with collate='list'); it is held outside the planned "
+        "memory, which memory_bill() and memory_budget do not count. Later such samples are "
+        "counted in stats()['heap_fallback_bytes'], without a warning.");
   }
 
   // Checks that the source gave every field (a source bug otherwise).

@@ -43,6 +43,7 @@ struct LoaderCounters {
   std::atomic<uint64_t> samples_skipped{0};
   std::atomic<uint64_t> batches_delivered{0};
   std::atomic<uint64_t> heap_fallback_bytes{0};
+  std::atomic<bool> heap_fallback_warned{false};  // the first such sample is told, once
   std::atomic<size_t> batches_in_flight{0};
   // Distinct samples that warned (SampleWriter::warn) since construction.
   std::mutex warned_mutex;

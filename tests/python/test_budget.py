@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -193,3 +194,23 @@ def test_the_bill_holds_what_the_hdf5_library_holds_for_a_chunk_it_reads(tmp_pat
         del batch
     growth = sampler.peak - baseline
     assert chunk < growth <= loader.memory_bill() + 12 * 2**20, (growth, loader.memory_bill())
+
+
+def test_a_sample_held_outside_the_planned_memory_is_told_once(tmp_path):
+    """collate='list' plans slots from a typical sample; one much larger goes
+    to the heap, outside memory_bill() and memory_budget. That was only a
+    counter in stats(); the first such sample now warns, naming itself."""
+    for i in range(40):
+        (tmp_path / f"{i:02d}.bin").write_bytes(bytes(4 << 20 if i in (13, 33) else 1024))
+    loader = ll.Loader(ll.FileSource(str(tmp_path / "*.bin")), batch_size=8, collate="list",
+                       output="numpy")  # fmt: skip
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            sizes = [len(data) for batch in loader for data in batch["data"]]
+            assert sizes.count(4 << 20) == 2 and len(sizes) == 40
+    told = [str(w.message) for w in caught if "outside the planned memory" in str(w.message)]
+    assert len(told) == 1, told
+    named = [i for i in (13, 33) if f"sample {i} (" in told[0] and f"{i}.bin" in told[0]]
+    assert len(named) == 1 and "4194304 bytes" in told[0], told
+    assert loader.stats()["heap_fallback_bytes"] == 4 * (4 << 20)
