@@ -73,18 +73,20 @@ def _consumer_stream(runtime: Any) -> int:
     return int(torch.cuda.current_stream(index).cuda_stream)
 
 
-def _budget_bytes(memory_budget: int | str | None) -> int | None:
+def _budget_bytes(memory_budget: int | str | None, what: str = "memory_budget") -> int | None:
     if memory_budget is None:
         return None
     if isinstance(memory_budget, bool):
-        raise TypeError("memory_budget must be a byte count or a size string like '2GiB'")
-    if isinstance(memory_budget, int):
-        if memory_budget <= 0:
-            raise ValueError(f"memory_budget must be positive, got {memory_budget}")
-        return memory_budget
-    if memory_budget == "auto":
+        raise TypeError(f"{what} must be a byte count or a size string like '2GiB'")
+    if isinstance(memory_budget, str) and memory_budget.strip() == "auto":
         return _core.auto_memory_budget()
-    return _core.parse_byte_size(str(memory_budget))
+    if isinstance(memory_budget, (str, float)):
+        value = _core.parse_byte_size(str(memory_budget).strip())
+    else:
+        value = integer(what, memory_budget)
+    if not 0 < value < 2**64:
+        raise ValueError(f"{what} must be positive and below 2**64 bytes, got {memory_budget!r}")
+    return value
 
 
 def _unsigned_64(what: str, value: Any) -> int:
@@ -223,7 +225,7 @@ class Loader:
             on_error=on_error,
             max_skip_fraction=max_skip_fraction,
             collate=collate,
-            pressure_threshold=_budget_bytes(pressure_threshold),
+            pressure_threshold=_budget_bytes(pressure_threshold, "pressure_threshold"),
             rank=self.rank,
             world_size=self.world_size,
             follow_updates=bool(follow_updates),

@@ -214,3 +214,16 @@ def test_a_sample_held_outside_the_planned_memory_is_told_once(tmp_path):
     named = [i for i in (13, 33) if f"sample {i} (" in told[0] and f"{i}.bin" in told[0]]
     assert len(named) == 1 and "4194304 bytes" in told[0], told
     assert loader.stats()["heap_fallback_bytes"] == 4 * (4 << 20)
+
+
+def test_budget_values_are_read_alike_or_refused_naming_the_argument():
+    source = ll.ArraySource({"x": np.zeros((100, 4), np.float32)})
+    for budget in (" 2GiB ", "2GiB", 2 * 2**30, np.int64(2 * 2**30)):  # " 2GiB " was refused
+        assert ll.Loader(source, batch_size=4, memory_budget=budget).memory_bill() > 0
+    # "0" reached the slot arithmetic ("below two batch slots"), 2**70 the
+    # binding's "incompatible function arguments"
+    for budget in ("0", 0, -1, 2**70):
+        with pytest.raises(ValueError, match="memory_budget must be positive and below 2"):
+            ll.Loader(source, batch_size=4, memory_budget=budget)
+    with pytest.raises(ValueError, match="pressure_threshold must be positive"):
+        ll.Loader(source, batch_size=4, pressure_threshold=0)
