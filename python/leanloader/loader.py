@@ -277,8 +277,11 @@ class Loader:
         """Planned bytes, known before any batch: batch slots (slots × slot bytes) plus
         what the source holds: its cache budget (``HDF5Source``'s decoded chunks)
         and, per thread, what one read may hold besides the batch (an
-        ``HDF5Source``'s stored chunk before it is decoded, and a decoded chunk
-        of several rows)."""
+        ``HDF5Source``'s stored chunk before it is decoded and a decoded chunk
+        of several rows, or three chunks of a dataset the HDF5 library reads;
+        an image's file bytes, decoded pixels and resize buffers). With
+        ``collate="list"`` a sample larger than what is left of its slot is
+        held outside it (warned once; ``stats()["heap_fallback_bytes"]``)."""
         return self._core.memory_bill()
 
     def device_bill(self) -> int:
