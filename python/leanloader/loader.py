@@ -80,8 +80,15 @@ def _budget_bytes(memory_budget: int | str | None, what: str = "memory_budget") 
         raise TypeError(f"{what} must be a byte count or a size string like '2GiB'")
     if isinstance(memory_budget, str) and memory_budget.strip() == "auto":
         return _core.auto_memory_budget()
-    if isinstance(memory_budget, (str, float)):
-        value = _core.parse_byte_size(str(memory_budget).strip())
+    if isinstance(memory_budget, float):
+        if not memory_budget.is_integer():
+            raise ValueError(f"{what} must be a whole number of bytes, got {memory_budget!r}")
+        value = int(memory_budget)
+    elif isinstance(memory_budget, str):
+        try:
+            value = _core.parse_byte_size(memory_budget.strip())
+        except ValueError as error:
+            raise ValueError(f"{what}: {error}") from None
     else:
         value = integer(what, memory_budget)
     if not 0 < value < 2**64:
@@ -231,6 +238,12 @@ class Loader:
             follow_updates=bool(follow_updates),
             pinning=self._pinning,
         )
+        if not _open_loaders:
+            # (again at each first loader: exit handlers run last-registered
+            # first, so ours then runs before those of modules imported
+            # since, h5py's among them)
+            atexit.unregister(_close_open_loaders)
+            atexit.register(_close_open_loaders)
         _open_loaders.add(self)
         if self._runtime is not None:
             self._feed = _core.DeviceFeed(self._runtime, self._core.slot_bytes, prefetch_to_device)
@@ -360,7 +373,7 @@ _open_loaders: weakref.WeakSet[Loader] = weakref.WeakSet()
 
 def _close_open_loaders() -> None:
     for loader in list(_open_loaders):
-        loader.close()
-
-
-atexit.register(_close_open_loaders)
+        try:
+            loader.close()
+        except Exception:
+            pass  # at exit: the others still get closed

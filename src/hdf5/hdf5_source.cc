@@ -141,9 +141,11 @@ std::shared_ptr<HDF5Source> HDF5Source::open_matched(std::vector<Matched> matche
       library = std::max(library, part->library_chunk_bytes());
     }
   }
-  const auto scratch = checked_add(raw, decoded);
+  // (a field on each path holds both: each path's buffers stay with the thread)
+  const auto both = checked_add(raw, decoded);
+  const auto scratch = both ? checked_add(*both, library) : std::nullopt;
   if (!scratch) throw InvalidArgument("HDF5Source: chunk sizes overflow size_t");
-  source->scratch_bytes_ = std::max(*scratch, library);
+  source->scratch_bytes_ = *scratch;
   source->matched_ = std::move(matched);
   return source;
 }

@@ -62,8 +62,8 @@ ImageSource::ImageSource(std::vector<std::string> paths, std::vector<int64_t> la
               .value_or(0);
       total += output;
       ++seen;
-      scratch_bytes_ =
-          std::max(scratch_bytes_, decode_scratch_bytes(file.size(), info, params) + output);
+      const auto held = checked_add(decode_scratch_bytes(file.size(), info, params), output);
+      scratch_bytes_ = std::max(scratch_bytes_, held.value_or(SIZE_MAX));
     } catch (const Error&) {
       // A header larger than the probe, or a bad file: its sample will say.
     }
@@ -76,27 +76,38 @@ ImageSource::ImageSource(std::vector<std::string> paths, std::vector<int64_t> la
   }
 }
 
-size_t ImageSource::decode_scratch_bytes(size_t file_bytes, const ImageInfo& info,
+size_t ImageSource::decode_scratch_bytes(size_t file_size, const ImageInfo& info,
                                          const TransformParams& params) const {
   const auto channels = static_cast<double>(color_mode_channels(options_.decode.mode));
+  const auto width = static_cast<double>(info.width), height = static_cast<double>(info.height);
   // Each buffer is kept at the largest size a sample of the pass needed, so
-  // the bound is the whole image: a random crop may take all of it. A JPEG
-  // is decoded at its DCT scale (the probed sample's: larger than a whole-
-  // image crop's).
-  const double whole = static_cast<double>(info.width) * static_cast<double>(info.height);
-  const double scale = params.decode_scale * params.decode_scale;
-  double decoded = info.format == ImageFormat::kJpeg ? whole * scale : whole;
-  if (info.orientation > 1) decoded *= 2;  // the decoded pixels and their turned copy
-  // A resize's horizontal pass runs on a transposed copy of its input, and
-  // each pass leaves rows of one output side by the other input side.
-  double resized = 0;
-  for (const auto& [height, width] : params.resizes) {
-    const double passes =
-        2 * std::max(static_cast<double>(width) * static_cast<double>(info.height),
-                     static_cast<double>(height) * static_cast<double>(info.width));
-    resized = std::max(resized, whole * scale + passes * std::sqrt(scale));
+  // the bound is the whole image: a random crop may take all of it.
+  const double whole = width * height;
+  // A JPEG with a resize after its crops decodes at the smallest DCT scale
+  // n/8 that keeps the region at least 1.5 times the resize's output
+  // (ImageTransform::run): under 1.5 x output + an eighth of the image on
+  // each axis, whatever the region.
+  double region = whole;
+  if (info.format == ImageFormat::kJpeg && options_.dct_scaling && !params.resizes.empty()) {
+    const auto [out_height, out_width] = params.resizes.front();
+    region = std::min(whole, (1.5 * static_cast<double>(out_width) + width / 8 + 1) *
+                                 (1.5 * static_cast<double>(out_height) + height / 8 + 1));
   }
-  return file_bytes + static_cast<size_t>((decoded + resized) * channels);
+  double pixels = info.format == ImageFormat::kJpeg ? region : whole;
+  if (info.format == ImageFormat::kGif) pixels += whole / channels;  // its index plane
+  if (info.orientation > 1) pixels *= 2;  // the decoded pixels and their turned copy
+  // The first resize (the largest input) runs its horizontal pass on a
+  // transposed copy of its input (RGBA: premultiplied into another first),
+  // and each pass leaves rows of one output side by the other input side.
+  if (!params.resizes.empty()) {
+    const auto [out_height, out_width] = params.resizes.front();
+    const double passes = 2 * std::max(static_cast<double>(out_width) * height,
+                                       static_cast<double>(out_height) * width);
+    pixels += (channels == 4 ? 2 : 1) * region + passes;
+  }
+  const double bytes = pixels * channels;
+  const size_t held = bytes >= 0x1p64 ? SIZE_MAX : static_cast<size_t>(bytes);
+  return checked_add(held, file_size).value_or(SIZE_MAX);
 }
 
 void ImageSource::check_index(int64_t index) const {

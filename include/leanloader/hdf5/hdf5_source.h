@@ -106,8 +106,8 @@ class HDF5Source final : public Source {
   size_t cache_budget_bytes() const override { return options_.chunk_cache_bytes; }
   // The largest stored chunk of a filtered dataset (read whole before it is
   // decoded) plus the largest decoded chunk that holds several rows (held
-  // while its row is copied out, cached or not), or, when larger, what a
-  // read through the HDF5 library leaves with the thread
+  // while its row is copied out, cached or not), plus what a read through
+  // the HDF5 library leaves with the thread
   // (detail::Hdf5Dataset::library_chunk_bytes).
   size_t per_thread_scratch_bytes() const override { return scratch_bytes_; }
   // Called by the loader at each pass's start. A file written since it was

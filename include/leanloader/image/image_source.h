@@ -47,9 +47,9 @@ class ImageSource final : public Source {
   size_t estimated_sample_bytes() const override { return estimated_bytes_; }
   // What one reading thread holds while it decodes, from the headers probed
   // at construction: the largest of their file bytes plus decoded pixels
-  // (a JPEG's decode region at its DCT scale; a whole image otherwise, twice
-  // when EXIF orientation turns it) plus a resize's transposed copy of its
-  // input plus the output before it is written.
+  // (a JPEG's at the DCT scale its first resize allows, a whole image
+  // otherwise, twice when EXIF orientation turns it) plus a resize's
+  // transposed copy of its input and pass rows plus the output.
   size_t per_thread_scratch_bytes() const override { return scratch_bytes_; }
 
   // The parameters sample `index` gets in (seed, epoch): reads the file's
@@ -62,7 +62,7 @@ class ImageSource final : public Source {
 
  private:
   void check_index(int64_t index) const;
-  size_t decode_scratch_bytes(size_t file_bytes, const ImageInfo& info,
+  size_t decode_scratch_bytes(size_t file_size, const ImageInfo& info,
                               const TransformParams& params) const;
 
   std::vector<std::string> paths_;
