@@ -6,7 +6,9 @@
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
+#include <atomic>
 #include <chrono>
+#include <thread>
 
 #include "bindings.h"
 #include "leanloader/core/byte_size.h"
@@ -55,9 +57,24 @@ nb::dict batch_to_dict(const Source& source, Batch& batch, OutputFramework frame
   return out;
 }
 
+// Set once, by the exit handler (loader.py), before it cancels the passes.
+std::atomic<bool> interpreter_exiting{false};
+
+[[noreturn]] void park_until_exit() {
+  // What this thread holds is left to the OS; nanobind's leak report at
+  // exit would list it as leaked instances (a flag store, read by the main
+  // thread at the module's teardown, later).
+  nb::set_leak_warnings(false);
+  for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+}
+
 }  // namespace
 
 void bind_loader(nb::module_& m) {
+  m.def(
+      "mark_interpreter_exiting", [] { interpreter_exiting.store(true); },
+      "Called by the exit handler before it closes the open loaders: a thread still waiting in "
+      "next_batch then never takes the GIL back.");
   nb::class_<EpochIterator>(m, "EpochIterator", "One pass over an epoch; dropping it cancels it.")
       .def(
           "next_batch",
@@ -76,8 +93,18 @@ void bind_loader(nb::module_& m) {
               EpochIterator::Status status;
               {
                 nb::gil_scoped_release release;
-                status = feed != nullptr ? feed->next(self, batch, stream, kSignalCheckInterval)
-                                         : self.next(batch, kSignalCheckInterval);
+                // The program is exiting (a daemon thread's pass, cancelled by
+                // the exit handler): taking the GIL back now would have
+                // CPython end this thread with pthread_exit through the frames
+                // above, which aborts the process. It waits for the exit.
+                try {
+                  status = feed != nullptr ? feed->next(self, batch, stream, kSignalCheckInterval)
+                                           : self.next(batch, kSignalCheckInterval);
+                } catch (...) {
+                  if (interpreter_exiting.load()) park_until_exit();
+                  throw;
+                }
+                if (interpreter_exiting.load()) park_until_exit();
               }
               if (status == EpochIterator::Status::kBatch) break;
               if (status == EpochIterator::Status::kEnd) {
@@ -86,7 +113,12 @@ void bind_loader(nb::module_& m) {
               }
               if (PyErr_CheckSignals() != 0) throw nb::python_error();
             }
-            warn(batch.warnings);
+            try {
+              warn(batch.warnings);
+            } catch (...) {
+              self.undo_last_delivery();  // (a warning raised as an error: the batch is lost)
+              throw;
+            }
             nb::dict out = batch_to_dict(source, batch, framework);
             return nb::make_tuple(out, nb::cast(batch.indices));
           },

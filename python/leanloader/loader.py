@@ -372,6 +372,9 @@ _open_loaders: weakref.WeakSet[Loader] = weakref.WeakSet()
 
 
 def _close_open_loaders() -> None:
+    # A daemon thread waiting for a batch wakes when its pass is cancelled;
+    # it must not take the GIL back then (CPython may be finalizing).
+    _core.mark_interpreter_exiting()
     for loader in list(_open_loaders):
         try:
             loader.close()

@@ -12,6 +12,8 @@ EpochIterator::Status EpochIterator::next(Batch& out, std::chrono::milliseconds 
 
 std::vector<Warning> EpochIterator::take_warnings() { return run_->take_warnings(); }
 
+void EpochIterator::undo_last_delivery() { run_->undo_last_delivery(); }
+
 uint64_t EpochIterator::epoch() const { return run_->epoch(); }
 
 std::vector<SkippedSample> EpochIterator::skipped() const { return run_->skipped(); }

@@ -85,6 +85,8 @@ class EpochRun final : public Job {
   // Warnings of skipped-whole batches that no later batch carried (the pass
   // ended after them); empties the list.
   std::vector<Warning> take_warnings();
+  // See EpochIterator::undo_last_delivery.
+  void undo_last_delivery() noexcept { --plan_.counters->batches_delivered; }
   uint64_t epoch() const noexcept { return plan_.epoch; }
   std::vector<SkippedSample> skipped() const;
   uint64_t skipped_count() const noexcept { return skipped_count_.load(); }

@@ -499,3 +499,51 @@ def test_rows_read_from_a_cold_page_cache_equal_numpys(tmp_path, row_values):
         assert np.asarray(batch["x"]).tobytes() == np.ascontiguousarray(expected[ids]).tobytes()
         seen += len(ids)
     assert seen == rows
+
+
+DAEMON_CONSUMER_SCRIPT = """
+import sys, threading, time, numpy as np, leanloader as ll
+x = np.zeros((64, 1 << 20), dtype=np.uint8)
+loader = ll.Loader(ll.ArraySource({"x": x}), batch_size=16, num_threads=1, output="numpy")
+def consume():
+    while True:
+        for batch in loader:
+            pass
+threading.Thread(target=consume, daemon=True).start()
+time.sleep(0.3)
+sys.setswitchinterval(1.0)  # the exiting main thread keeps the GIL: the consumer waits for it
+"""
+
+
+def test_a_program_exits_cleanly_while_a_daemon_thread_waits_for_a_batch():
+    """The exit handler cancels open passes; a daemon thread waiting in next()
+    then took the GIL back while CPython finalized, and was ended with
+    pthread_exit through the engine's frames (abort, rc 134, in some runs;
+    in the others its "iteration was cancelled" traceback at exit). It now
+    waits for the exit without a word."""
+    for _ in range(3):
+        result = subprocess.run([sys.executable, "-c", DAEMON_CONSUMER_SCRIPT],
+                                capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert (result.returncode, result.stderr) == (0, ""), result.stderr[-2000:]
+
+
+def test_a_batch_whose_warning_raises_is_not_counted_as_delivered():
+    """With warnings as errors, a batch carrying a warning (here: the consumer
+    holds more batches than the slots) raised instead of being returned, yet
+    state_dict() counted it: resuming never delivered its samples."""
+    x = np.arange(103 * 8).reshape(103, 8)
+    x[:, 0] = np.arange(103)
+    loader = ll.Loader(ll.ArraySource({"x": x}), batch_size=8, output="numpy", num_threads=1,
+                       prefetch=1)  # fmt: skip
+    held = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(RuntimeWarning, match="holds more batches"):
+            for batch in loader:
+                held.append(batch)
+    fresh = ll.Loader(ll.ArraySource({"x": x}), batch_size=8, output="numpy")
+    fresh.load_state_dict(loader.state_dict())
+    rest = [int(i) for batch in fresh for i in batch["x"][:, 0]]
+    seen = [int(i) for batch in held for i in batch["x"][:, 0]]
+    assert sorted(seen + rest) == list(range(103))
+    assert loader.state_dict()["samples_consumed"] == len(seen)

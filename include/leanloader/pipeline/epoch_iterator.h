@@ -32,6 +32,10 @@ class EpochIterator {
   Status next(Batch& out, std::chrono::milliseconds timeout);
   // After kEnd: warnings of passed-over batches that no batch carried.
   std::vector<Warning> take_warnings();
+  // The batch next() returned last never reached the consumer (raising its
+  // warnings raised): it is not counted as delivered, so a state taken now
+  // resumes at it. The pass cannot hand it out again; cancel() it.
+  void undo_last_delivery();
   uint64_t epoch() const;
   // Samples dropped so far with on_error=skip (the first 100 in detail).
   std::vector<SkippedSample> skipped() const;
