@@ -1316,7 +1316,10 @@ def test_a_worker_that_dies_is_reported_once_and_the_pass_goes_on_as_torchs(tmp_
     assert seen.count("died") == 1, seen
     batches = [first for first in seen if first != "died"]
     assert batches == sorted(batches) and 4 not in batches, seen
-    assert {0, 2, 6, 14} <= set(batches), seen
+    # worker 1's batches; worker 0's first, [0, 1], is there only when its
+    # answer left the worker before the kill (the dead worker's unanswered
+    # tasks are left out, as torch's are): on a loaded machine it may not
+    assert {2, 6, 14} <= set(batches), seen
     # a persistent leanloader loader starts new workers for the next pass
     assert next_pass == list(range(0, 16, 2)), next_pass
 
