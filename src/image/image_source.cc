@@ -52,7 +52,7 @@ ImageSource::ImageSource(std::vector<std::string> paths, std::vector<int64_t> la
   for (size_t i = 0; i < paths_.size() && seen < kSizeProbe; i += step) {
     try {
       const detail::File file(paths_[i]);
-      const std::vector<std::byte> header = detail::read_file_prefix(paths_[i], kHeaderBytes);
+      const std::vector<std::byte> header = file.read_prefix(kHeaderBytes);
       const ImageInfo info = read_image_info(header, options_.decode);
       SampleRandom random(0, 0, i);
       const TransformParams params = transform_.plan(info.width, info.height, random);
